@@ -1,0 +1,67 @@
+"""Attention playground: attention variants as plugins, one contract, one comparison.
+
+Public API (everything else is private and may change):
+
+    build(name, d_model=512, num_heads=8, **options) -> AttentionVariant
+    list_variants() -> list[str]
+    get_variant(name) -> type[AttentionVariant]
+    hookimpl                      decorator for plugin hooks
+    AttentionVariant, AttentionOutput, Capabilities, VariantConfig
+    errors: PlaygroundError, UnsupportedFeature, UnknownVariant, ConfigError,
+            InvalidInput, PluginLoadError, DuplicateVariant
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from playground.config import VariantConfig
+from playground.contract import AttentionOutput, AttentionVariant, Capabilities
+from playground.errors import (
+    ConfigError,
+    DuplicateVariant,
+    InvalidInput,
+    PlaygroundError,
+    PluginLoadError,
+    UnknownVariant,
+    UnsupportedFeature,
+)
+from playground.hookspecs import hookimpl
+from playground.registry import default_registry
+
+__version__ = "0.1.0"
+
+
+def build(name: str, d_model: int = 512, num_heads: int = 8, **options: Any) -> AttentionVariant:
+    """Build the registered variant `name` with its options (see `playground info NAME`)."""
+    return default_registry().build(name, d_model=d_model, num_heads=num_heads, **options)
+
+
+def list_variants() -> list[str]:
+    """Names of every registered variant, sorted."""
+    return default_registry().names()
+
+
+def get_variant(name: str) -> type[AttentionVariant]:
+    """The class registered as `name`; raises UnknownVariant with close suggestions."""
+    return default_registry().get(name)
+
+
+__all__ = [
+    "AttentionOutput",
+    "AttentionVariant",
+    "Capabilities",
+    "ConfigError",
+    "DuplicateVariant",
+    "InvalidInput",
+    "PlaygroundError",
+    "PluginLoadError",
+    "UnknownVariant",
+    "UnsupportedFeature",
+    "VariantConfig",
+    "__version__",
+    "build",
+    "get_variant",
+    "hookimpl",
+    "list_variants",
+]

@@ -1,0 +1,183 @@
+"""The `playground` command line.
+
+    playground [--plugins-dir DIR] list | info NAME | plugins | check [NAME ... | --all]
+
+Every command takes `--help`; `--plugins-dir` may also follow the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from playground import registry as registry_module
+from playground.config import describe_options
+from playground.contract import flops_exponent
+from playground.errors import PlaygroundError
+from playground.registry import Registry, bundled_dir
+
+# Piped output (CI logs, files) gets wide tables instead of rich's 80-column default.
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
+error_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 150)
+
+STATUS_STYLE = {"passed": "green", "failed": "bold red", "skipped": "yellow"}
+
+
+def _short(source: str) -> str:
+    """A source path relative to the working directory, or to the folder holding the
+    bundled plugins/ (so it reads `plugins/vanilla.py`), when it is below one of them."""
+    for base in (Path.cwd(), bundled_dir("plugins").parent):
+        try:
+            return str(Path(source).relative_to(base))
+        except ValueError:
+            continue
+    return source
+
+
+def _print_load_errors(registry: Registry) -> None:
+    for error in registry.errors:
+        error_console.print(f"[red]plugin error[/red] {_short(error.source)}: {error.message}")
+
+
+def command_list(registry: Registry, arguments: argparse.Namespace) -> int:
+    table = Table(title="Attention variants")
+    for column in ("name", "source", "complexity", "capabilities", "summary"):
+        table.add_column(column)
+    for name in registry.names():
+        cls = registry.get(name)
+        table.add_row(
+            name,
+            _short(registry.source_of(name)),
+            f"O(n^{flops_exponent(cls):.1f})",
+            ", ".join(cls.capabilities.features()),
+            cls.summary,
+        )
+    console.print(table)
+    console.print("complexity: growth of the variant's own flops() with n, at n = 65536.")
+    _print_load_errors(registry)
+    return 0
+
+
+def command_info(registry: Registry, arguments: argparse.Namespace) -> int:
+    cls = registry.get(arguments.name)
+    console.print(f"[bold]{cls.name}[/bold]: {cls.summary}")
+    console.print(f"paper: {cls.paper}")
+    console.print(f"source: {_short(registry.source_of(cls.name))}")
+    console.print(f"capabilities: {', '.join(cls.capabilities.features())}")
+    if cls.forward_kwargs:
+        console.print(f"extra forward arguments: {', '.join(cls.forward_kwargs)}")
+    console.print(f"fast path: {'yes' if cls.forward_fast is not None else 'no (runs the reference)'}")
+    flops = cls.flops(4096, 4096, 512, 8, **dataclasses.asdict(cls.Config()))
+    console.print(f"flops at n=4096, d_model=512, 8 heads: {flops / 1e9:.1f} GFLOP per sequence")
+    table = Table(title=f"options of {cls.name} (playground.build({cls.name!r}, **options))")
+    for column in ("option", "type", "default", "meaning"):
+        table.add_column(column)
+    for option in describe_options(cls.Config):
+        table.add_row(option.name, option.type, repr(option.default), option.doc)
+    console.print(table)
+    return 0
+
+
+def command_plugins(registry: Registry, arguments: argparse.Namespace) -> int:
+    table = Table(title="Plugins")
+    for column in ("source", "found via", "variants", "status"):
+        table.add_column(column)
+    for info in registry.plugins:
+        status = (
+            "[red]" + "; ".join(e.message for e in info.errors) + "[/red]" if info.errors else "[green]ok"
+        )
+        table.add_row(_short(info.source), info.kind, ", ".join(info.variants) or "-", status)
+    console.print(table)
+    return 1 if registry.errors else 0
+
+
+def command_check(registry: Registry, arguments: argparse.Namespace) -> int:
+    from playground.testing import CHECKS, iter_cases
+
+    if not arguments.names and not arguments.all:
+        error_console.print("name the variants to check, or pass --all (see `playground list`)")
+        return 2
+    names = registry.names() if arguments.all else arguments.names
+    classes = [registry.get(name) for name in names]  # unknown names fail before any check
+    checks = [c for c in CHECKS if not arguments.k or arguments.k in c.__name__]
+    table = Table(title="Contract checks")
+    for column in ("variant", "impl", "check", "status", "reason"):
+        table.add_column(column)
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    for case in iter_cases(classes, checks):
+        result = case.evaluate()
+        counts[result.status] += 1
+        if result.status != "passed" or arguments.verbose:
+            style = STATUS_STYLE[result.status]
+            table.add_row(
+                result.variant, result.impl, result.check, f"[{style}]{result.status}", result.reason
+            )
+    console.print(table)
+    console.print(
+        f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped "
+        f"({len(classes)} variant{'s' if len(classes) != 1 else ''}; passed checks are listed with -v)"
+    )
+    # Under --all a plugin that failed to load is a variant that was not checked.
+    load_errors = registry.errors if arguments.all else []
+    if load_errors:
+        _print_load_errors(registry)
+    return 1 if counts["failed"] or load_errors else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--plugins-dir",
+        action="append",
+        metavar="DIR",
+        default=argparse.SUPPRESS,
+        help="also load every *.py in DIR as a plugin (repeatable; see also "
+        "PLAYGROUND_PLUGINS_PATH)",
+    )
+    parser = argparse.ArgumentParser(
+        prog="playground",
+        description="Attention variants as plugins: list them, inspect them, check them "
+        "against the contract suite.",
+        parents=[common],
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    listing = commands.add_parser(
+        "list", parents=[common], help="table of variants: source, complexity, capabilities"
+    )
+    listing.set_defaults(handler=command_list)
+    info = commands.add_parser("info", parents=[common], help="one variant: paper, options, capabilities")
+    info.add_argument("name", help="variant name (see `playground list`)")
+    info.set_defaults(handler=command_info)
+    plugins = commands.add_parser(
+        "plugins", parents=[common], help="every plugin source and its load errors"
+    )
+    plugins.set_defaults(handler=command_plugins)
+    check = commands.add_parser(
+        "check", parents=[common], help="run the contract suite; exit 1 on any failure"
+    )
+    check.add_argument("names", nargs="*", metavar="NAME", help="variants to check")
+    check.add_argument("--all", action="store_true", help="check every registered variant")
+    check.add_argument("-k", metavar="TEXT", help="only checks whose name contains TEXT")
+    check.add_argument("-v", "--verbose", action="store_true", help="list passed checks too")
+    check.set_defaults(handler=command_check)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = build_parser().parse_args(argv)
+    try:
+        registry = registry_module.configure(getattr(arguments, "plugins_dir", None) or ())
+        return arguments.handler(registry, arguments)
+    except PlaygroundError as error:
+        error_console.print(f"[red]error:[/red] {error}")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

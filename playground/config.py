@@ -1,0 +1,169 @@
+"""Typed variant options: the base config, validation of user options, and their docs.
+
+A variant's options are a dataclass deriving from `VariantConfig`; each field has a type,
+a default and a docstring (a string literal on the line after the field, as Sphinx reads
+them). Options come from Python calls, TOML specs and the CLI, so they are checked here
+against the field types before any module is built.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import inspect
+import textwrap
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from playground.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class VariantConfig:
+    """Options every variant has."""
+
+    impl: Literal["fast", "reference"] = "fast"
+    """`reference`: the paper's math, dense and obvious (the oracle in tests);
+    `fast`: the optimised path, gated against the reference by the contract suite."""
+
+
+@dataclass(frozen=True)
+class OptionInfo:
+    """One option of a variant, as `playground info` shows it."""
+
+    name: str
+    type: str
+    default: Any
+    doc: str
+
+
+def _type_name(annotation: Any) -> str:
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "")
+
+
+def _coerce(value: Any, annotation: Any) -> Any:
+    """Return `value` converted to `annotation`, or raise TypeError.
+
+    Conversions are the lossless ones a TOML file or a command line needs: int → float,
+    list → tuple. bool is never taken for int (True is not a window size).
+    """
+    if annotation is Any:
+        return value
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is Literal:
+        if value in args and not isinstance(value, bool):
+            return value
+        raise TypeError(f"must be one of {', '.join(repr(a) for a in args)}")
+    if origin in (typing.Union, types.UnionType):
+        for option in args:
+            try:
+                return _coerce(value, option)
+            except TypeError:
+                continue
+        raise TypeError(f"must be {_type_name(annotation)}")
+    if annotation is type(None):
+        if value is None:
+            return None
+        raise TypeError("must be None")
+    if origin is tuple:
+        if not isinstance(value, (tuple, list)):
+            raise TypeError(f"must be a tuple or list, like {_type_name(annotation)}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(item, args[0]) for item in value)
+        if len(args) != len(value):
+            raise TypeError(f"must have {len(args)} items")
+        return tuple(_coerce(item, arg) for item, arg in zip(args, value))
+    if annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise TypeError("must be a number")
+    if annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise TypeError("must be an integer")
+    if isinstance(annotation, type):
+        if isinstance(value, annotation):
+            return value
+        raise TypeError(f"must be {annotation.__name__}")
+    raise TypeError(f"has an annotation the playground cannot check: {annotation!r}")
+
+
+def field_types(config_cls: type[VariantConfig]) -> dict[str, Any]:
+    """The resolved type of every field of a config dataclass."""
+    hints = typing.get_type_hints(config_cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(config_cls)}
+
+
+def build_config(
+    config_cls: type[VariantConfig], options: dict[str, Any], variant: str
+) -> VariantConfig:
+    """Validate `options` against `config_cls` and return the config instance.
+
+    Raises ConfigError naming the variant and option for an unknown option (listing the
+    valid ones), a value of the wrong type, or a value the config's own checks reject.
+    """
+    types_by_name = field_types(config_cls)
+    unknown = sorted(set(options) - set(types_by_name))
+    if unknown:
+        raise ConfigError(
+            f"variant {variant!r} has no option {', '.join(repr(u) for u in unknown)}; "
+            f"valid options: {', '.join(types_by_name)} (see `playground info {variant}`)"
+        )
+    values = {}
+    for name, value in options.items():
+        try:
+            values[name] = _coerce(value, types_by_name[name])
+        except TypeError as error:
+            raise ConfigError(
+                f"option {name!r} of variant {variant!r} {error}; got {value!r} "
+                f"({type(value).__name__})"
+            ) from None
+    try:
+        return config_cls(**values)
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"variant {variant!r}: {error}") from None
+
+
+@functools.cache
+def _field_docstrings(config_cls: type) -> dict[str, str]:
+    """Attribute docstrings (the string after each field) of a class and its bases."""
+    docs: dict[str, str] = {}
+    for klass in reversed(config_cls.__mro__):
+        try:
+            source = textwrap.dedent(inspect.getsource(klass))
+        except (OSError, TypeError):
+            continue
+        body = ast.parse(source).body[0]
+        if not isinstance(body, ast.ClassDef):
+            continue
+        for statement, following in zip(body.body, body.body[1:]):
+            if (
+                isinstance(statement, ast.AnnAssign)
+                and isinstance(statement.target, ast.Name)
+                and isinstance(following, ast.Expr)
+                and isinstance(following.value, ast.Constant)
+                and isinstance(following.value.value, str)
+            ):
+                docs[statement.target.id] = inspect.cleandoc(following.value.value)
+    return docs
+
+
+def describe_options(config_cls: type[VariantConfig]) -> list[OptionInfo]:
+    """Name, type, default and docstring of every option, in declaration order."""
+    docs = _field_docstrings(config_cls)
+    types_by_name = field_types(config_cls)
+    return [
+        OptionInfo(
+            name=f.name,
+            type=_type_name(types_by_name[f.name]),
+            default=f.default,
+            doc=docs.get(f.name, f.metadata.get("doc", "")),
+        )
+        for f in dataclasses.fields(config_cls)
+    ]

@@ -1,0 +1,257 @@
+"""The attention contract: what every variant is, takes and returns.
+
+A variant subclasses `AttentionVariant`, declares its class attributes (name, summary,
+paper, Config, capabilities, flops) and writes `forward_reference` (the paper's math) and,
+optionally, `forward_fast`. The base class owns `forward`: it fills in defaults, checks
+every input, refuses undeclared features with `UnsupportedFeature`, and then runs the
+path chosen by the `impl` option. Variants therefore never re-check their inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple
+
+import torch
+from torch import nn
+
+from playground.config import VariantConfig, build_config
+from playground.errors import ConfigError, InvalidInput, UnsupportedFeature
+
+
+class AttentionOutput(NamedTuple):
+    """What every variant returns."""
+
+    output: torch.Tensor
+    """(B, Nq, d_model)"""
+    weights: torch.Tensor | None
+    """(B, H, Nq, Nk) attention probabilities when `need_weights=True`, else None."""
+
+
+FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a variant can do; the core refuses everything else with UnsupportedFeature."""
+
+    causal: bool = False
+    """`is_causal=True`: query i sees keys j <= i."""
+    padding_mask: bool = False
+    """`attention_mask` (B, Nk) bool, True = real token."""
+    cross_attention: bool = False
+    """`key`/`value` different from `query` (and possibly of another length)."""
+    need_weights: bool = False
+    """`need_weights=True` returns the (B, H, Nq, Nk) attention probabilities."""
+    max_seq_len: int | None = None
+    """Longest key sequence the variant accepts; None = no limit."""
+    dtypes: tuple[torch.dtype, ...] = (torch.float32,)
+    """Floating dtypes the variant computes in."""
+
+    def features(self) -> list[str]:
+        """Short names of the declared features, for tables."""
+        names = ["causal", "padding_mask", "cross_attention", "need_weights"]
+        listed = [name for name in names if getattr(self, name)]
+        if self.max_seq_len is not None:
+            listed.append(f"max_seq_len={self.max_seq_len}")
+        short = {torch.float32: "fp32", torch.float64: "fp64", torch.bfloat16: "bf16", torch.float16: "fp16"}
+        listed.append("/".join(short.get(d, str(d)) for d in self.dtypes))
+        return listed
+
+
+class AttentionVariant(nn.Module):
+    """Base class of every attention variant. See DESIGN.md, "The attention contract"."""
+
+    name: ClassVar[str]
+    """Registry name, e.g. "vanilla"."""
+    summary: ClassVar[str]
+    """One line saying what the variant does."""
+    paper: ClassVar[str]
+    """The paper (and section) whose math `forward_reference` follows."""
+    Config: ClassVar[type[VariantConfig]] = VariantConfig
+    """The variant's options: a frozen dataclass deriving from VariantConfig."""
+    capabilities: ClassVar[Capabilities] = Capabilities()
+    forward_kwargs: ClassVar[tuple[str, ...]] = ()
+    """Extra keyword-only forward arguments of this variant (all optional)."""
+    check_options: ClassVar[dict[str, Any]] = {}
+    """Options the contract suite builds the variant with, so that its small inputs
+    exercise what is special about it (a window shorter than the sequence, say)."""
+
+    @staticmethod
+    def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: Any) -> float:
+        """Useful floating-point operations of one forward pass for one batch element,
+        projections included (a multiply-add counts as 2)."""
+        raise NotImplementedError
+
+    def __init__(self, d_model: int = 512, num_heads: int = 8, **options: Any) -> None:
+        super().__init__()
+        for label, value in (("d_model", d_model), ("num_heads", num_heads)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{label} must be a positive integer; got {value!r}")
+        if d_model % num_heads:
+            raise ConfigError(
+                f"d_model ({d_model}) must be divisible by num_heads ({num_heads}) so every "
+                f"head gets d_model / num_heads features; try num_heads in "
+                f"{[h for h in range(1, min(d_model, 64) + 1) if d_model % h == 0][-6:]}"
+            )
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.head_dim = d_model // num_heads
+        self.config = build_config(self.Config, options, self.name)
+
+    # --- the two paths a variant writes -------------------------------------------
+    def forward_reference(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        is_causal: bool,
+        need_weights: bool,
+        **extra: Any,
+    ) -> AttentionOutput:
+        raise NotImplementedError(f"{type(self).__name__} must define forward_reference")
+
+    forward_fast: ClassVar[Any] = None
+    """Optional fused/blocked path with forward_reference's signature; without it,
+    `impl="fast"` runs the reference."""
+
+    # --- the one forward everybody calls --------------------------------------------
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None = None,
+        value: torch.Tensor | None = None,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        need_weights: bool = False,
+        **extra: Any,
+    ) -> AttentionOutput:
+        """query (B, Nq, d_model); key/value (B, Nk, d_model), defaulting to query (value
+        defaults to key); attention_mask (B, Nk) bool, True = real token."""
+        is_cross = key is not None and key is not query
+        key = query if key is None else key
+        value = key if value is None else value
+        self._check_inputs(query, key, value, attention_mask, extra)
+        self._check_capabilities(query, key, attention_mask, is_causal, need_weights, is_cross)
+        path = self.forward_fast if self.config.impl == "fast" and self.forward_fast else None
+        if path is None:
+            return self.forward_reference(
+                query, key, value, attention_mask, is_causal, need_weights, **extra
+            )
+        return path(query, key, value, attention_mask, is_causal, need_weights, **extra)
+
+    def _check_inputs(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        extra: dict[str, Any],
+    ) -> None:
+        for label, tensor in (("query", query), ("key", key), ("value", value)):
+            if not isinstance(tensor, torch.Tensor):
+                raise InvalidInput(f"{label} must be a torch.Tensor; got {type(tensor).__name__}")
+            if tensor.dim() != 3 or tensor.shape[-1] != self.d_model:
+                raise InvalidInput(
+                    f"{label} must have shape (batch, seq_len, d_model={self.d_model}), "
+                    f"batch first; got {tuple(tensor.shape)}"
+                    + (" (add a batch dimension with .unsqueeze(0))" if tensor.dim() == 2 else "")
+                )
+            if not tensor.is_floating_point():
+                raise InvalidInput(f"{label} must be a floating tensor; got {tensor.dtype}")
+        if not (query.shape[0] == key.shape[0] == value.shape[0]):
+            raise InvalidInput(
+                f"query, key and value must have the same batch size; got "
+                f"{query.shape[0]}, {key.shape[0]}, {value.shape[0]}"
+            )
+        if key.shape[1] != value.shape[1]:
+            raise InvalidInput(
+                f"key and value must have the same sequence length (one value per key); "
+                f"got {key.shape[1]} and {value.shape[1]}"
+            )
+        if not (query.dtype == key.dtype == value.dtype):
+            raise InvalidInput(
+                f"query, key and value must share a dtype; got {query.dtype}, {key.dtype}, "
+                f"{value.dtype}"
+            )
+        if attention_mask is not None:
+            expected = (key.shape[0], key.shape[1])
+            if not isinstance(attention_mask, torch.Tensor) or tuple(
+                attention_mask.shape
+            ) != expected or attention_mask.dtype != torch.bool:
+                got = (
+                    f"{tuple(attention_mask.shape)} {attention_mask.dtype}"
+                    if isinstance(attention_mask, torch.Tensor)
+                    else type(attention_mask).__name__
+                )
+                raise InvalidInput(
+                    f"attention_mask must be a bool tensor of shape (batch, key_len) = "
+                    f"{expected}, True for real tokens and False for padding; got {got}. "
+                    f"A 0/1 mask (HF style, 1 = keep) converts with `mask.bool()`."
+                )
+        unknown = sorted(set(extra) - set(self.forward_kwargs))
+        if unknown:
+            takes = ", ".join(self.forward_kwargs) or "none"
+            raise UnsupportedFeature(
+                self.name,
+                f"forward argument {', '.join(repr(u) for u in unknown)}",
+                f"its extra forward arguments are: {takes}",
+            )
+
+    def _check_capabilities(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        is_causal: bool,
+        need_weights: bool,
+        is_cross: bool,
+    ) -> None:
+        caps = self.capabilities
+        if is_causal and not caps.causal:
+            raise UnsupportedFeature(self.name, "causal attention (is_causal=True)")
+        if attention_mask is not None and not caps.padding_mask:
+            raise UnsupportedFeature(self.name, "padding masks (attention_mask)")
+        if is_cross and not caps.cross_attention:
+            raise UnsupportedFeature(
+                self.name,
+                "cross-attention (key/value other than query)",
+                "call it with the query alone for self-attention",
+            )
+        if need_weights and not caps.need_weights:
+            raise UnsupportedFeature(self.name, "returning attention weights (need_weights)")
+        if caps.max_seq_len is not None and key.shape[1] > caps.max_seq_len:
+            raise UnsupportedFeature(
+                self.name,
+                f"sequences longer than {caps.max_seq_len} (got {key.shape[1]})",
+            )
+        if query.dtype not in caps.dtypes:
+            raise UnsupportedFeature(
+                self.name,
+                f"dtype {query.dtype}",
+                f"declared dtypes: {', '.join(str(d) for d in caps.dtypes)}",
+            )
+
+    def count_flops(self, n_q: int, n_k: int) -> float:
+        """`flops()` of this instance's shape and options."""
+        return type(self).flops(
+            n_q, n_k, self.d_model, self.num_heads, **dataclasses.asdict(self.config)
+        )
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, num_heads={self.num_heads}, config={self.config}"
+
+
+def flops_exponent(variant: type[AttentionVariant], d_model: int = 512, num_heads: int = 8) -> float:
+    """Growth of the variant's FLOPs with n at long lengths (log2 of flops(2n)/flops(n) at
+    n = 65536), derived from its own `flops()` with default options: ≈2 for dense
+    attention, ≈1 for linear-cost variants."""
+    n = 65536
+    options = dataclasses.asdict(variant.Config())
+    small = variant.flops(n, n, d_model, num_heads, **options)
+    large = variant.flops(2 * n, 2 * n, d_model, num_heads, **options)
+    return math.log2(large / small)

@@ -1,0 +1,82 @@
+"""Every error the playground raises, in one place.
+
+All derive from `PlaygroundError`, so a caller can catch the family; each also derives
+from the built-in exception a Python user would expect (`ValueError` for bad values,
+`LookupError` for unknown names), so generic handlers keep working.
+
+    PlaygroundError
+    ├── UnsupportedFeature   a variant was asked for something it does not declare
+    ├── UnknownVariant       no variant has this name (the message suggests close ones)
+    ├── ConfigError          an option is unknown, has the wrong type or an invalid value
+    ├── InvalidInput         a tensor has the wrong rank, width, length, shape or dtype
+    └── PluginLoadError      a plugin failed to import or registered something invalid
+        └── DuplicateVariant two sources registered the same name
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class PlaygroundError(Exception):
+    """Base class of every error raised by the playground."""
+
+
+class UnsupportedFeature(PlaygroundError, NotImplementedError):
+    """A variant was asked for a feature its capabilities do not declare."""
+
+    def __init__(self, variant: str, feature: str, hint: str = "") -> None:
+        self.variant = variant
+        self.feature = feature
+        message = f"variant {variant!r} does not support {feature}"
+        super().__init__(f"{message}; {hint}" if hint else message)
+
+
+class UnknownVariant(PlaygroundError, LookupError):
+    """No registered variant has the requested name."""
+
+    def __init__(self, name: str, known: Iterable[str]) -> None:
+        self.name = name
+        self.known = sorted(known)
+        close = difflib.get_close_matches(name, self.known, n=3, cutoff=0.5)
+        message = f"no attention variant named {name!r}"
+        if close:
+            message += f"; did you mean {', '.join(repr(c) for c in close)}?"
+        message += f" Registered: {', '.join(self.known) or '(none)'}."
+        message += " Run `playground plugins` to see what loaded and what failed."
+        super().__init__(message)
+
+    def __str__(self) -> str:  # LookupError would quote the message like a key
+        return str(self.args[0])
+
+
+class ConfigError(PlaygroundError, ValueError):
+    """An option given to a variant is unknown, of the wrong type, or invalid."""
+
+
+class InvalidInput(PlaygroundError, ValueError):
+    """A tensor passed to a variant's forward has the wrong shape or dtype."""
+
+
+class PluginLoadError(PlaygroundError):
+    """A plugin could not be loaded, or registered something that is not a variant."""
+
+    def __init__(self, source: str, message: str) -> None:
+        self.source = source
+        self.message = message
+        super().__init__(f"{source}: {message}")
+
+
+class DuplicateVariant(PluginLoadError):
+    """Two plugins registered a variant under the same name."""
+
+    def __init__(self, name: str, first_source: str, second_source: str) -> None:
+        self.name = name
+        self.first_source = first_source
+        self.second_source = second_source
+        super().__init__(
+            second_source,
+            f"variant name {name!r} is already registered by {first_source}; "
+            f"rename one of them (the `name` class attribute)",
+        )

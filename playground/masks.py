@@ -1,0 +1,59 @@
+"""Masks shared by the variants: which keys each query may see, and a softmax that
+gives exactly zero weight to the others (and an all-zero row when none is left).
+
+Convention (DESIGN.md): `attention_mask` is (B, Nk) bool, True = real token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def causal_mask(n_q: int, n_k: int, device: torch.device | None = None) -> torch.Tensor:
+    """(Nq, Nk) bool, True where key j <= query i (top-left aligned, as in SDPA)."""
+    return torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril()
+
+
+def allowed_keys(
+    attention_mask: torch.Tensor | None,
+    n_q: int,
+    n_k: int,
+    is_causal: bool,
+    device: torch.device | None = None,
+) -> torch.Tensor | None:
+    """(B or 1, 1, Nq, Nk) bool, True where a query may attend to a key; None if all may.
+
+    Broadcasts over heads; combines the padding mask (masks keys) and causality.
+    """
+    allowed = None
+    if attention_mask is not None:
+        allowed = attention_mask[:, None, None, :]  # (B, 1, 1, Nk)
+    if is_causal:
+        causal = causal_mask(n_q, n_k, device)[None, None]  # (1, 1, Nq, Nk)
+        allowed = causal if allowed is None else allowed & causal
+    if allowed is not None:
+        allowed = allowed.expand(-1, -1, n_q, n_k)
+    return allowed
+
+
+def masked_softmax(scores: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the last dim with disallowed entries at exactly 0.
+
+    A row with no allowed entry returns all zeros instead of NaN (the contract: a fully
+    masked query attends to nothing and outputs zero).
+    """
+    if allowed is None:
+        return scores.softmax(dim=-1)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    weights = scores.softmax(dim=-1)  # NaN on rows that are all -inf
+    return weights.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
+
+
+def empty_query_rows(allowed: torch.Tensor | None) -> torch.Tensor | None:
+    """(B or 1, Nq, 1) bool: True for queries that may see no key at all.
+
+    Their output must be exactly zero (DESIGN.md), after the output projection too.
+    """
+    if allowed is None:
+        return None
+    return ~allowed.any(dim=-1).any(dim=1)[..., None]

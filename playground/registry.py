@@ -1,0 +1,252 @@
+"""Plugin discovery and the variant registry (pluggy).
+
+Sources, in order (DESIGN.md): every `*.py` in the bundled `plugins/`; entry points of
+group `playground`; every `*.py` in the directories of `PLAYGROUND_PLUGINS_PATH`
+(os.pathsep-separated) and of `--plugins-dir`. A plugin that fails is recorded with its
+source and error and the others still load; a duplicate name is recorded as an error
+naming both sources, and building that name raises it rather than picking one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import importlib.util
+import os
+import sys
+import traceback
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pluggy
+
+from playground import hookspecs
+from playground.config import VariantConfig
+from playground.contract import AttentionVariant
+from playground.errors import DuplicateVariant, PluginLoadError, UnknownVariant
+
+ENTRY_POINT_GROUP = "playground"
+PLUGINS_PATH_ENV = "PLAYGROUND_PLUGINS_PATH"
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def bundled_dir(kind: str) -> Path:
+    """The shipped `plugins/` or `experiments/` directory.
+
+    In a checkout (editable install) it is the top-level folder researchers edit; in a
+    wheel it is shipped inside the package as `playground/_bundled/<kind>`.
+    """
+    checkout = _PACKAGE_DIR.parent / kind
+    if (_PACKAGE_DIR.parent / "pyproject.toml").is_file() and checkout.is_dir():
+        return checkout
+    return _PACKAGE_DIR / "_bundled" / kind
+
+
+@dataclass
+class PluginInfo:
+    """One loaded (or failed) plugin, as `playground plugins` lists it."""
+
+    source: str
+    """Where it came from: a file path or `entry point NAME = module`."""
+    kind: str
+    """"plugins/", "entry point", "PLAYGROUND_PLUGINS_PATH" or "--plugins-dir"."""
+    variants: list[str] = field(default_factory=list)
+    errors: list[PluginLoadError] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class VariantEntry:
+    cls: type[AttentionVariant]
+    source: str
+
+
+def _describe_error(error: BaseException) -> str:
+    """One line for an import error: the exception and the plugin's line that raised."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if "importlib" not in f.filename]
+    where = f" (line {frames[-1].lineno})" if frames else ""
+    if isinstance(error, SyntaxError):
+        where = f" (line {error.lineno})"
+    return f"{type(error).__name__}: {error}{where}"
+
+
+def _why_not_a_variant(obj: Any) -> str | None:
+    """Why `obj` cannot be registered as a variant, or None if it can."""
+    if not (isinstance(obj, type) and issubclass(obj, AttentionVariant)):
+        return (
+            f"registered {obj!r}, which is not an attention variant: pass a class that "
+            f"subclasses playground.AttentionVariant"
+        )
+    for attribute in ("name", "summary", "paper"):
+        if not isinstance(getattr(obj, attribute, None), str) or not getattr(obj, attribute):
+            return f"variant class {obj.__name__} must set the class attribute {attribute!r}"
+    if not obj.name.replace("_", "").isalnum():
+        return f"variant name {obj.name!r} must be letters, digits and underscores"
+    if not (dataclasses.is_dataclass(obj.Config) and issubclass(obj.Config, VariantConfig)):
+        return f"{obj.__name__}.Config must be a dataclass deriving from VariantConfig"
+    if obj.forward_reference is AttentionVariant.forward_reference:
+        return f"{obj.__name__} must define forward_reference (the paper's math)"
+    if obj.flops is AttentionVariant.flops:
+        return f"{obj.__name__} must define flops(n_q, n_k, d_model, num_heads, **options)"
+    return None
+
+
+class Registry:
+    """Variants by name, with where each came from and what failed to load."""
+
+    def __init__(self) -> None:
+        self.plugin_manager = pluggy.PluginManager("playground")
+        self.plugin_manager.add_hookspecs(hookspecs)
+        self.variants: dict[str, VariantEntry] = {}
+        self.plugins: list[PluginInfo] = []
+        self.duplicates: dict[str, DuplicateVariant] = {}
+        self._seen_files: set[Path] = set()
+
+    @classmethod
+    def discover(
+        cls,
+        plugin_dirs: Sequence[str | os.PathLike[str]] = (),
+        *,
+        bundled: bool = True,
+        entry_points: bool = True,
+        environment: bool = True,
+    ) -> Registry:
+        """Load every plugin source (see the module docstring) into a new registry."""
+        registry = cls()
+        if bundled:
+            registry.load_directory(bundled_dir("plugins"), kind="plugins/")
+        if entry_points:
+            registry.load_entry_points()
+        if environment:
+            for directory in filter(None, os.environ.get(PLUGINS_PATH_ENV, "").split(os.pathsep)):
+                registry.load_directory(directory, kind=PLUGINS_PATH_ENV)
+        for directory in plugin_dirs:
+            registry.load_directory(directory, kind="--plugins-dir")
+        return registry
+
+    # --- loading ------------------------------------------------------------------
+    def load_directory(self, directory: str | os.PathLike[str], kind: str) -> None:
+        path = Path(directory)
+        if not path.is_dir():
+            info = PluginInfo(source=str(path), kind=kind)
+            info.errors.append(
+                PluginLoadError(str(path), "plugin directory does not exist or is not a directory")
+            )
+            self.plugins.append(info)
+            return
+        for file in sorted(path.glob("*.py")):
+            if not file.name.startswith("_"):
+                self.load_file(file, kind)
+
+    def load_file(self, file: str | os.PathLike[str], kind: str) -> None:
+        path = Path(file).resolve()
+        if path in self._seen_files:  # the same folder named twice
+            return
+        self._seen_files.add(path)
+        digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
+        module_name = f"_playground_plugin_{path.stem}_{digest}"
+        info = PluginInfo(source=str(path), kind=kind)
+        self.plugins.append(info)
+        try:
+            spec = importlib.util.spec_from_file_location(module_name, path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[module_name] = module  # dataclasses and pickling look it up
+            spec.loader.exec_module(module)
+        except BaseException as error:  # noqa: BLE001 - a plugin may raise anything on import
+            if isinstance(error, KeyboardInterrupt):
+                raise
+            sys.modules.pop(module_name, None)
+            info.errors.append(PluginLoadError(str(path), _describe_error(error)))
+            return
+        self._register_module(module, info)
+
+    def load_entry_points(self) -> None:
+        for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            info = PluginInfo(
+                source=f"entry point {entry_point.name} = {entry_point.value}", kind="entry point"
+            )
+            self.plugins.append(info)
+            try:
+                plugin = entry_point.load()
+            except Exception as error:
+                info.errors.append(PluginLoadError(info.source, _describe_error(error)))
+                continue
+            self._register_module(plugin, info)
+
+    def _register_module(self, plugin: ModuleType | object, info: PluginInfo) -> None:
+        try:
+            self.plugin_manager.register(plugin, name=info.source)
+        except (pluggy.PluginValidationError, ValueError) as error:
+            info.errors.append(PluginLoadError(info.source, str(error)))
+            return
+        hook = self.plugin_manager.hook.register_attention
+        for implementation in hook.get_hookimpls():
+            if implementation.plugin is not plugin:
+                continue
+            try:
+                implementation.function(register=lambda obj: self._add_variant(obj, info))
+            except Exception as error:
+                info.errors.append(
+                    PluginLoadError(info.source, f"register_attention raised {_describe_error(error)}")
+                )
+
+    def _add_variant(self, obj: Any, info: PluginInfo) -> None:
+        problem = _why_not_a_variant(obj)
+        if problem is not None:
+            info.errors.append(PluginLoadError(info.source, problem))
+            return
+        if obj.name in self.variants:
+            duplicate = DuplicateVariant(obj.name, self.variants[obj.name].source, info.source)
+            self.duplicates[obj.name] = duplicate
+            info.errors.append(duplicate)
+            return
+        self.variants[obj.name] = VariantEntry(obj, info.source)
+        info.variants.append(obj.name)
+
+    # --- lookup -------------------------------------------------------------------
+    @property
+    def errors(self) -> list[PluginLoadError]:
+        return [error for info in self.plugins for error in info.errors]
+
+    def names(self) -> list[str]:
+        return sorted(self.variants)
+
+    def get(self, name: str) -> type[AttentionVariant]:
+        if name in self.duplicates:
+            raise self.duplicates[name]
+        if name not in self.variants:
+            raise UnknownVariant(name, self.variants)
+        return self.variants[name].cls
+
+    def source_of(self, name: str) -> str:
+        self.get(name)
+        return self.variants[name].source
+
+    def build(
+        self, name: str, d_model: int = 512, num_heads: int = 8, **options: Any
+    ) -> AttentionVariant:
+        return self.get(name)(d_model=d_model, num_heads=num_heads, **options)
+
+
+_default: Registry | None = None
+_default_dirs: tuple[str, ...] = ()
+
+
+def configure(plugin_dirs: Iterable[str | os.PathLike[str]] = ()) -> Registry:
+    """Rebuild the default registry with extra plugin directories (`--plugins-dir`)."""
+    global _default, _default_dirs
+    _default_dirs = tuple(str(d) for d in plugin_dirs)
+    _default = Registry.discover(_default_dirs)
+    return _default
+
+
+def default_registry() -> Registry:
+    """The registry behind `playground.build`: discovered once, on first use."""
+    global _default
+    if _default is None:
+        _default = Registry.discover(_default_dirs)
+    return _default
