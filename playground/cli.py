@@ -72,7 +72,9 @@ def command_info(registry: Registry, arguments: argparse.Namespace) -> int:
     console.print(f"capabilities: {', '.join(cls.capabilities.features())}")
     if cls.forward_kwargs:
         console.print(f"extra forward arguments: {', '.join(cls.forward_kwargs)}")
-    console.print(f"fast path: {'yes' if cls.forward_fast is not None else 'no (runs the reference)'}")
+    console.print(
+        f"fast path: {'yes' if cls.forward_fast is not None else 'no (runs the reference)'}"
+    )
     flops = cls.flops(4096, 4096, 512, 8, **dataclasses.asdict(cls.Config()))
     console.print(f"flops at n=4096, d_model=512, 8 heads: {flops / 1e9:.1f} GFLOP per sequence")
     table = Table(title=f"options of {cls.name} (playground.build({cls.name!r}, **options))")
@@ -90,7 +92,9 @@ def command_plugins(registry: Registry, arguments: argparse.Namespace) -> int:
         table.add_column(column)
     for info in registry.plugins:
         status = (
-            "[red]" + "; ".join(e.message for e in info.errors) + "[/red]" if info.errors else "[green]ok"
+            "[red]" + "; ".join(e.message for e in info.errors) + "[/red]"
+            if info.errors
+            else "[green]ok"
         )
         table.add_row(_short(info.source), info.kind, ", ".join(info.variants) or "-", status)
     console.print(table)
@@ -116,7 +120,11 @@ def command_check(registry: Registry, arguments: argparse.Namespace) -> int:
         if result.status != "passed" or arguments.verbose:
             style = STATUS_STYLE[result.status]
             table.add_row(
-                result.variant, result.impl, result.check, f"[{style}]{result.status}", result.reason
+                result.variant,
+                result.impl,
+                result.check,
+                f"[{style}]{result.status}",
+                result.reason,
             )
     console.print(table)
     console.print(
@@ -151,7 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
         "list", parents=[common], help="table of variants: source, complexity, capabilities"
     )
     listing.set_defaults(handler=command_list)
-    info = commands.add_parser("info", parents=[common], help="one variant: paper, options, capabilities")
+    info = commands.add_parser(
+        "info", parents=[common], help="one variant: paper, options, capabilities"
+    )
     info.add_argument("name", help="variant name (see `playground list`)")
     info.set_defaults(handler=command_info)
     plugins = commands.add_parser(

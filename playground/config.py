@@ -78,7 +78,7 @@ def _coerce(value: Any, annotation: Any) -> Any:
             return tuple(_coerce(item, args[0]) for item in value)
         if len(args) != len(value):
             raise TypeError(f"must have {len(args)} items")
-        return tuple(_coerce(item, arg) for item, arg in zip(args, value))
+        return tuple(_coerce(item, arg) for item, arg in zip(args, value, strict=False))
     if annotation is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -142,7 +142,7 @@ def _field_docstrings(config_cls: type) -> dict[str, str]:
         body = ast.parse(source).body[0]
         if not isinstance(body, ast.ClassDef):
             continue
-        for statement, following in zip(body.body, body.body[1:]):
+        for statement, following in zip(body.body, body.body[1:], strict=False):
             if (
                 isinstance(statement, ast.AnnAssign)
                 and isinstance(statement.target, ast.Name)

@@ -56,7 +56,12 @@ class Capabilities:
         listed = [name for name in names if getattr(self, name)]
         if self.max_seq_len is not None:
             listed.append(f"max_seq_len={self.max_seq_len}")
-        short = {torch.float32: "fp32", torch.float64: "fp64", torch.bfloat16: "bf16", torch.float16: "fp16"}
+        short = {
+            torch.float32: "fp32",
+            torch.float64: "fp64",
+            torch.bfloat16: "bf16",
+            torch.float16: "fp16",
+        }
         listed.append("/".join(short.get(d, str(d)) for d in self.dtypes))
         return listed
 
@@ -180,9 +185,11 @@ class AttentionVariant(nn.Module):
             )
         if attention_mask is not None:
             expected = (key.shape[0], key.shape[1])
-            if not isinstance(attention_mask, torch.Tensor) or tuple(
-                attention_mask.shape
-            ) != expected or attention_mask.dtype != torch.bool:
+            if (
+                not isinstance(attention_mask, torch.Tensor)
+                or tuple(attention_mask.shape) != expected
+                or attention_mask.dtype != torch.bool
+            ):
                 got = (
                     f"{tuple(attention_mask.shape)} {attention_mask.dtype}"
                     if isinstance(attention_mask, torch.Tensor)
@@ -246,7 +253,9 @@ class AttentionVariant(nn.Module):
         return f"d_model={self.d_model}, num_heads={self.num_heads}, config={self.config}"
 
 
-def flops_exponent(variant: type[AttentionVariant], d_model: int = 512, num_heads: int = 8) -> float:
+def flops_exponent(
+    variant: type[AttentionVariant], d_model: int = 512, num_heads: int = 8
+) -> float:
     """Growth of the variant's FLOPs with n at long lengths (log2 of flops(2n)/flops(n) at
     n = 65536), derived from its own `flops()` with default options: ≈2 for dense
     attention, ≈1 for linear-cost variants."""

@@ -156,7 +156,7 @@ class Registry:
             module = importlib.util.module_from_spec(spec)
             sys.modules[module_name] = module  # dataclasses and pickling look it up
             spec.loader.exec_module(module)
-        except BaseException as error:  # noqa: BLE001 - a plugin may raise anything on import
+        except BaseException as error:  # a plugin may raise anything on import, SystemExit too
             if isinstance(error, KeyboardInterrupt):
                 raise
             sys.modules.pop(module_name, None)
@@ -183,6 +183,24 @@ class Registry:
         except (pluggy.PluginValidationError, ValueError) as error:
             info.errors.append(PluginLoadError(info.source, str(error)))
             return
+        callers = self.plugin_manager.get_hookcallers(plugin) or []
+        known = ", ".join(n for n in dir(hookspecs) if n.startswith("register_"))
+        for caller in callers:
+            if caller.spec is None:  # pluggy accepts unknown hooks until check_pending()
+                info.errors.append(
+                    PluginLoadError(
+                        info.source,
+                        f"implements unknown hook {caller.name!r}; known hooks: {known}",
+                    )
+                )
+        if not callers:
+            info.errors.append(
+                PluginLoadError(
+                    info.source,
+                    "defines no hook: decorate `def register_attention(register)` with "
+                    "@playground.hookimpl (files starting with _ are not loaded as plugins)",
+                )
+            )
         hook = self.plugin_manager.hook.register_attention
         for implementation in hook.get_hookimpls():
             if implementation.plugin is not plugin:
@@ -191,7 +209,9 @@ class Registry:
                 implementation.function(register=lambda obj: self._add_variant(obj, info))
             except Exception as error:
                 info.errors.append(
-                    PluginLoadError(info.source, f"register_attention raised {_describe_error(error)}")
+                    PluginLoadError(
+                        info.source, f"register_attention raised {_describe_error(error)}"
+                    )
                 )
 
     def _add_variant(self, obj: Any, info: PluginInfo) -> None:

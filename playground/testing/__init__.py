@@ -96,7 +96,11 @@ class CheckCase:
         else:
             status, reason = "passed", ""
         return CheckResult(
-            self.variant.name, self.impl, self.check.__name__, status, reason,
+            self.variant.name,
+            self.impl,
+            self.check.__name__,
+            status,
+            reason,
             time.perf_counter() - start,
         )
 
@@ -111,7 +115,9 @@ class CheckCase:
             pytest.fail(f"{self.id}: {result.reason}", pytrace=False)
 
 
-def _resolve(variant: str | type[AttentionVariant], registry: Registry | None) -> type[AttentionVariant]:
+def _resolve(
+    variant: str | type[AttentionVariant], registry: Registry | None
+) -> type[AttentionVariant]:
     if isinstance(variant, str):
         return (registry or default_registry()).get(variant)
     return variant

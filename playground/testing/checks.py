@@ -88,7 +88,7 @@ def _max_difference(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _describe(case: dict[str, Any]) -> str:
-    """"padding+causal", "causal", "no mask": which masks a case applies."""
+    """ "padding+causal", "causal", "no mask": which masks a case applies."""
     names = {"attention_mask": "padding", "is_causal": "causal"}
     return "+".join(names[key] for key in case) or "no mask"
 
@@ -136,7 +136,10 @@ def check_cross_attention(subject: Subject) -> None:
     if tuple(result.output.shape) != (subject.batch, n_q, subject.d_model):
         raise CheckFailed(f"cross-attention output is {tuple(result.output.shape)}")
     if result.weights is not None and tuple(result.weights.shape) != (
-        subject.batch, subject.num_heads, n_q, n_k
+        subject.batch,
+        subject.num_heads,
+        n_q,
+        n_k,
     ):
         raise CheckFailed(f"cross-attention weights are {tuple(result.weights.shape)}")
     other = subject.tokens(n_k, seed=3)
@@ -252,7 +255,10 @@ def check_fully_masked_rows_are_zero(subject: Subject) -> None:
                 f"fully masked query rows ({_describe(case)}) gave {rows.abs().max().item():.3g} "
                 f"(NaN/inf: {not torch.isfinite(rows).all()}); they must be exactly 0"
             )
-        if result.weights is not None and result.weights[empty_rows[0], :, empty_rows[1]].abs().max() != 0:
+        if (
+            result.weights is not None
+            and result.weights[empty_rows[0], :, empty_rows[1]].abs().max() != 0
+        ):
             raise CheckFailed(f"fully masked query rows have non-zero weights ({_describe(case)})")
         (result.output * subject.tokens(seed=5)).sum().backward()
         if not torch.isfinite(x.grad).all():
@@ -303,22 +309,28 @@ def check_fast_matches_reference(subject: Subject) -> None:
             inputs = [x.clone().requires_grad_(True) for _ in range(2)]
             results = [
                 module(tokens, need_weights=need_weights, **case)
-                for module, tokens in zip((fast, reference), inputs)
+                for module, tokens in zip((fast, reference), inputs, strict=False)
             ]
             label = f"{_describe(case)}, need_weights={need_weights}"
             difference = _max_difference(results[0].output, results[1].output)
             if difference > TOLERANCE:
-                raise CheckFailed(f"fast and reference outputs differ by {difference:.3g} ({label})")
+                raise CheckFailed(
+                    f"fast and reference outputs differ by {difference:.3g} ({label})"
+                )
             if need_weights:
                 difference = _max_difference(results[0].weights, results[1].weights)
                 if difference > TOLERANCE:
-                    raise CheckFailed(f"fast and reference weights differ by {difference:.3g} ({label})")
+                    raise CheckFailed(
+                        f"fast and reference weights differ by {difference:.3g} ({label})"
+                    )
             upstream = subject.tokens(seed=6)
             for result in results:
                 (result.output * upstream).sum().backward()
             difference = _max_difference(inputs[0].grad, inputs[1].grad)
             if difference > 10 * TOLERANCE:
-                raise CheckFailed(f"fast and reference input gradients differ by {difference:.3g} ({label})")
+                raise CheckFailed(
+                    f"fast and reference input gradients differ by {difference:.3g} ({label})"
+                )
 
 
 def _check_dtype(subject: Subject, dtype: torch.dtype, tolerance: float) -> None:
@@ -396,7 +408,9 @@ def check_rejects_malformed_inputs(subject: Subject) -> None:
         ("a query of the wrong width", lambda: module(x[..., :-1])),
     ]
     if subject.caps.padding_mask:
-        bad_calls.append(("a float mask", lambda: module(x, attention_mask=subject.padding_mask().float())))
+        bad_calls.append(
+            ("a float mask", lambda: module(x, attention_mask=subject.padding_mask().float()))
+        )
     for label, call in bad_calls:
         try:
             call()

@@ -1,0 +1,199 @@
+"""Deliberately broken variants: each breaks one promise, and the contract suite must
+catch it with the right check (tests/test_contract_suite.py). They derive from vanilla
+so everything they do not break stays correct."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import playground
+from playground import AttentionOutput
+
+Vanilla = playground.get_variant("vanilla")
+
+
+class LeaksFuture(Vanilla):
+    """Ignores is_causal: every query sees every key."""
+
+    name = "broken_leaks_future"
+
+    def forward_reference(self, query, key, value, attention_mask, is_causal, need_weights):
+        return super().forward_reference(query, key, value, attention_mask, False, need_weights)
+
+    def forward_fast(self, query, key, value, attention_mask, is_causal, need_weights):
+        return super().forward_fast(query, key, value, attention_mask, False, need_weights)
+
+
+class IgnoresPadding(Vanilla):
+    """Drops the padding mask."""
+
+    name = "broken_ignores_padding"
+
+    def forward_reference(self, query, key, value, attention_mask, is_causal, need_weights):
+        return super().forward_reference(query, key, value, None, is_causal, need_weights)
+
+    def forward_fast(self, query, key, value, attention_mask, is_causal, need_weights):
+        return super().forward_fast(query, key, value, None, is_causal, need_weights)
+
+
+class NaNOnFullyMaskedRow(Vanilla):
+    """The textbook -inf mask and plain softmax: a query with no key left gets NaN."""
+
+    name = "broken_nan_on_fully_masked_row"
+    forward_fast = None
+
+    def forward_reference(self, query, key, value, attention_mask, is_causal, need_weights):
+        q, k, v = self._project_heads(query, key, value)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
+        if attention_mask is not None:
+            scores = scores.masked_fill(~attention_mask[:, None, None, :], float("-inf"))
+        if is_causal:
+            scores = scores.masked_fill(
+                ~torch.ones_like(scores, dtype=torch.bool).tril(), float("-inf")
+            )
+        weights = scores.softmax(dim=-1)
+        return AttentionOutput(
+            self._merge_heads(weights @ v, None), weights if need_weights else None
+        )
+
+
+class FastDisagrees(Vanilla):
+    """The fast path scales the scores by 1.01/√d instead of 1/√d."""
+
+    name = "broken_fast_disagrees"
+
+    def forward_fast(self, query, key, value, attention_mask, is_causal, need_weights):
+        return super().forward_fast(
+            query * 1.01, key, value, attention_mask, is_causal, need_weights
+        )
+
+
+class CouplesBatch(Vanilla):
+    """Adds the batch mean to every element (a broken normalisation would do this)."""
+
+    name = "broken_couples_batch"
+
+    def forward(self, *args, **kwargs):
+        output, weights = super().forward(*args, **kwargs)
+        return AttentionOutput(output + output.mean(dim=0, keepdim=True), weights)
+
+
+class WeightsDoNotSumToOne(Vanilla):
+    name = "broken_weights_sum"
+
+    def forward_reference(self, query, key, value, attention_mask, is_causal, need_weights):
+        output, weights = super().forward_reference(
+            query, key, value, attention_mask, is_causal, need_weights
+        )
+        return AttentionOutput(output, None if weights is None else 0.9 * weights)
+
+    forward_fast = None
+
+
+class DeadParameter(Vanilla):
+    """Has a parameter that never takes part in the forward pass."""
+
+    name = "broken_dead_parameter"
+
+    def __init__(self, d_model=512, num_heads=8, **options):
+        super().__init__(d_model, num_heads, **options)
+        self.unused = nn.Parameter(torch.zeros(d_model))
+
+
+class DropoutInEval(Vanilla):
+    """Applies dropout whatever the mode."""
+
+    name = "broken_dropout_in_eval"
+    forward_fast = None
+
+    def forward_reference(self, query, key, value, attention_mask, is_causal, need_weights):
+        output, weights = super().forward_reference(
+            query, key, value, attention_mask, is_causal, need_weights
+        )
+        return AttentionOutput(F.dropout(output, self.config.dropout, training=True), weights)
+
+
+class Float64Broken(Vanilla):
+    """Declares float64 but computes (and returns) float32."""
+
+    name = "broken_float64"
+
+    def forward(self, query, *args, **kwargs):
+        output, weights = super().forward(query, *args, **kwargs)
+        return AttentionOutput(output.float(), weights)
+
+
+class OverflowsOnLargeInputs(Vanilla):
+    """exp(s) / Σ exp(s) without subtracting the row maximum."""
+
+    name = "broken_overflows"
+    forward_fast = None
+
+    def forward_reference(self, query, key, value, attention_mask, is_causal, need_weights):
+        q, k, v = self._project_heads(query, key, value)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
+        allowed = torch.ones_like(scores, dtype=torch.bool)
+        if attention_mask is not None:
+            allowed = allowed & attention_mask[:, None, None, :]
+        if is_causal:
+            allowed = allowed & allowed.new_ones(scores.shape[-2:]).tril()
+        exp = scores.exp() * allowed
+        weights = exp / exp.sum(dim=-1, keepdim=True).clamp_min(1e-30)
+        output = self._merge_heads(weights @ v, allowed[:, :1])
+        return AttentionOutput(output, weights if need_weights else None)
+
+
+class BypassesCapabilities(Vanilla):
+    """Declares no causal support but overrides forward, skipping the core's checks, and
+    silently runs non-causal attention."""
+
+    name = "broken_bypasses_capabilities"
+    capabilities = dataclasses.replace(Vanilla.capabilities, causal=False)
+
+    def forward(
+        self,
+        query,
+        key=None,
+        value=None,
+        *,
+        attention_mask=None,
+        is_causal=False,
+        need_weights=False,
+    ):
+        key = query if key is None else key
+        value = key if value is None else value
+        return self.forward_reference(query, key, value, attention_mask, False, need_weights)
+
+
+class IgnoresKeys(Vanilla):
+    """Cross-attention that attends over the query instead of the given key/value."""
+
+    name = "broken_ignores_keys"
+
+    def forward_reference(self, query, key, value, attention_mask, is_causal, need_weights):
+        mask = attention_mask if key.shape[1] == query.shape[1] else None
+        return super().forward_reference(query, query, query, mask, is_causal, need_weights)
+
+    forward_fast = None
+
+
+class WrongShape(Vanilla):
+    """Drops the last query position."""
+
+    name = "broken_wrong_shape"
+
+    def forward(self, *args, **kwargs):
+        output, weights = super().forward(*args, **kwargs)
+        return AttentionOutput(output[:, :-1], weights)
+
+
+class SelfAttentionOnly(Vanilla):
+    """Not broken: declares less than it could (no causal, no cross-attention)."""
+
+    name = "self_attention_only"
+    capabilities = dataclasses.replace(Vanilla.capabilities, causal=False, cross_attention=False)

@@ -1,0 +1,58 @@
+"""Every registered variant passes the contract suite (one pytest test per check, so
+`pytest -k causality` selects by name), and the suite catches deliberately broken
+variants with the right check."""
+
+from __future__ import annotations
+
+import pytest
+
+from playground.testing import check_attention, parametrize_with_checks
+from tests import broken_variants
+
+
+@parametrize_with_checks()
+def test_contract(case):
+    case.run()
+
+
+@pytest.mark.parametrize(
+    ("broken", "caught_by"),
+    [
+        (broken_variants.LeaksFuture, "check_causality"),
+        (broken_variants.IgnoresPadding, "check_padding_invariance"),
+        (broken_variants.IgnoresPadding, "check_padded_weights_are_zero"),
+        (broken_variants.NaNOnFullyMaskedRow, "check_fully_masked_rows_are_zero"),
+        (broken_variants.FastDisagrees, "check_fast_matches_reference"),
+        (broken_variants.CouplesBatch, "check_batch_independence"),
+        (broken_variants.WeightsDoNotSumToOne, "check_weights_sum_to_one"),
+        (broken_variants.DeadParameter, "check_gradients_reach_every_parameter"),
+        (broken_variants.DropoutInEval, "check_eval_mode_is_deterministic"),
+        (broken_variants.Float64Broken, "check_float64"),
+        (broken_variants.OverflowsOnLargeInputs, "check_large_magnitude_inputs"),
+        (broken_variants.BypassesCapabilities, "check_undeclared_features_raise"),
+        (broken_variants.IgnoresKeys, "check_cross_attention"),
+        (broken_variants.WrongShape, "check_output_shape_and_dtype"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else value.__name__,
+)
+def test_suite_catches_broken_variant(broken, caught_by):
+    report = check_attention(broken)
+    assert report.status_of(caught_by) == "failed", report.results
+    # failures are specific: most of what the broken variant does still passes
+    passed = sum(result.status == "passed" for result in report.results)
+    assert passed > len(report.results) / 2
+
+
+def test_vanilla_passes_with_no_failures_and_reports_reasons_for_skips():
+    report = check_attention("vanilla")
+    assert report.ok, report.failures
+    skipped = [r for r in report.results if r.status == "skipped"]
+    assert skipped and all(r.reason for r in skipped)
+
+
+def test_skips_only_by_declared_capability():
+    report = check_attention(broken_variants.SelfAttentionOnly)
+    assert report.status_of("check_cross_attention") == "skipped"
+    assert report.status_of("check_causality") == "skipped"
+    assert report.status_of("check_undeclared_features_raise") == "passed"
+    assert report.ok, report.failures
