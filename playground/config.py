@@ -163,7 +163,7 @@ def describe_options(config_cls: type[VariantConfig]) -> list[OptionInfo]:
             name=f.name,
             type=_type_name(types_by_name[f.name]),
             default=f.default,
-            doc=docs.get(f.name, f.metadata.get("doc", "")),
+            doc=" ".join(docs.get(f.name, f.metadata.get("doc", "")).split()),  # one paragraph
         )
         for f in dataclasses.fields(config_cls)
     ]

@@ -47,6 +47,8 @@ class Capabilities:
     """`need_weights=True` returns the (B, H, Nq, Nk) attention probabilities."""
     max_seq_len: int | None = None
     """Longest key sequence the variant accepts; None = no limit."""
+    max_seq_len_hint: str = ""
+    """What to do about a longer sequence (which option lifts the limit), for the error."""
     dtypes: tuple[torch.dtype, ...] = (torch.float32,)
     """Floating dtypes the variant computes in."""
 
@@ -235,6 +237,7 @@ class AttentionVariant(nn.Module):
             raise UnsupportedFeature(
                 self.name,
                 f"sequences longer than {caps.max_seq_len} (got {key.shape[1]})",
+                caps.max_seq_len_hint,
             )
         if query.dtype not in caps.dtypes:
             raise UnsupportedFeature(
