@@ -1,0 +1,300 @@
+"""T5 relative position bias: Raffel et al. 2020, "Exploring the Limits of Transfer Learning
+with a Unified Text-to-Text Transformer", §2.1 ("Model").
+
+Each head h adds a learned scalar to its logits that depends only on the bucket of the
+relative position r = j − i (key index minus query index):
+
+    scores[h, i, j] = scale · q_i · k_j + b[bucket(j − i), h]          (§2.1)
+
+`b` is `relative_attention_bias = nn.Embedding(num_buckets, num_heads)`. Buckets follow
+T5 (and Mesh TensorFlow): bidirectionally, half the buckets are for r ≤ 0 and half, offset
+by num_buckets / 2, for r > 0; with `is_causal=True` (T5's decoder) every bucket goes to
+r ≤ 0 and the future shares bucket 0 (it is masked anyway). On each side the first half of
+the buckets are exact distances 0, 1, …; the rest are log-spaced up to `max_distance`,
+beyond which all distances share the last bucket.
+
+This matches HF transformers' `T5Attention` (with `has_relative_attention_bias=True`;
+`is_decoder` there is `is_causal` here) when built with `scale=1.0, bias=False`: T5 does
+not divide the logits by √d_head but folds that factor into its initialisation. The
+default here, `scale=None`, is the usual 1/√d_head. T5 computes the bias in its first
+layer and reuses it in every layer; `share_relative_bias_with` gives a model builder the
+same sharing.
+
+`impl="reference"` builds the dense (1, H, Nq, Nk) bias with `compute_bias` and runs the
+math above line by line. `impl="fast"` feeds the bias to the fused
+`F.scaled_dot_product_attention` as a float mask, without materialising it:
+
+- The bias is Toeplitz (constant along diagonals j − i). Reversing the keys (and values,
+  which leaves attention unchanged) makes it Hankel: with j' = Nk − 1 − j the bias is a
+  function of i + j', so rows i of the mask are consecutive sliding windows of one
+  (H, Nq + Nk − 1) vector, an `unfold` view that costs no memory.
+- Only the integer buckets of that vector are cached, per (Nq, Nk, causal, device).
+  The bias values are gathered from the embedding on every forward, so a cache can never
+  serve a stale bias after the table is trained and the autograd graph stays whole; the
+  gather is O(Nq + Nk), negligible next to the attention.
+- Causality is −inf on the diagonals with j > i, so it lives in the same vector. Queries
+  are processed in blocks of `block_size`; a causal block skips the keys after its last
+  query, and a padding mask is materialised for one block only, (B, H, block, Nk).
+Peak memory of a forward is therefore O(n · block) (O(n) without padding), never
+O(H · n²). With `need_weights=True` the fast path runs the reference (the weights are dense
+anyway). Training caveat: while the table requires grad, SDPA on CPU takes its math kernel
+(its fused kernel gives no mask gradient), which keeps each block's probabilities for
+backward, so fast-path training memory is still O(H · Nq · Nk).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+import playground
+from playground import AttentionOutput, AttentionVariant, Capabilities, VariantConfig
+from playground.masks import allowed_keys, empty_query_rows, masked_softmax
+
+
+def relative_position_bucket(
+    relative_position: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int
+) -> torch.Tensor:
+    """T5's bucket (an int64 in [0, num_buckets)) of each relative position j − i.
+
+    The arithmetic (float32 log, truncation toward zero) is T5's, so buckets agree
+    exactly with the released checkpoints, not just approximately.
+    """
+    if bidirectional:
+        per_side = num_buckets // 2
+        offset = (relative_position > 0).long() * per_side  # r > 0 uses the upper half
+        distance = relative_position.abs()
+    else:
+        per_side = num_buckets
+        offset = torch.zeros_like(relative_position)
+        distance = (-relative_position).clamp(min=0)  # the future collapses onto distance 0
+    max_exact = per_side // 2
+    # Clamping keeps log() away from 0; those distances take the exact branch below.
+    far = distance.clamp(min=max_exact).float()
+    log_fraction = torch.log(far / max_exact) / math.log(max_distance / max_exact)
+    log_bucket = max_exact + (log_fraction * (per_side - max_exact)).long()  # truncates
+    log_bucket = log_bucket.clamp(max=per_side - 1)
+    return offset + torch.where(distance < max_exact, distance, log_bucket)
+
+
+@dataclass(frozen=True)
+class T5RelativeConfig(VariantConfig):
+    num_buckets: int = 32
+    """Rows of the bias table; half per direction when bidirectional (T5: 32)."""
+    max_distance: int = 128
+    """Distances from here on share the last bucket of their side (T5: 128)."""
+    scale: float | None = None
+    """Factor on q · k; None = 1/√d_head. T5 uses 1.0 (it folds √d_head into its init)."""
+    bias: bool = True
+    """Add a bias to the q/k/v/out projections (T5 has none: use False to match it)."""
+    dropout: float = 0.0
+    """Dropout on the attention probabilities, in training mode only (T5: 0.1)."""
+    block_size: int = 1024
+    """Queries per fused call in the fast path; bounds the padding mask to
+    (B, H, block_size, Nk). Results do not depend on it; on CPU 1024 ran as fast as one
+    call over all queries (n = 2048–8192) and faster than 256 or 512."""
+
+    def __post_init__(self) -> None:
+        if self.num_buckets < 4 or self.num_buckets % 2:
+            raise ValueError(
+                f"num_buckets must be an even integer >= 4 (half per direction, and each half "
+                f"needs exact and log-spaced buckets); got {self.num_buckets}. T5 uses 32."
+            )
+        if self.max_distance <= self.num_buckets // 2:
+            raise ValueError(
+                f"max_distance must exceed num_buckets / 2 = {self.num_buckets // 2}, where "
+                f"the log-spaced buckets start; got {self.max_distance}. T5 uses 128."
+            )
+        if self.scale is not None and not (math.isfinite(self.scale) and self.scale > 0):
+            raise ValueError(f"scale must be a positive number or None; got {self.scale}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1); got {self.dropout}")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be a positive integer; got {self.block_size}")
+
+
+class T5RelativeAttention(AttentionVariant):
+    name = "t5_relative"
+    summary = "Softmax attention plus T5's learned, bucketed relative position bias per head."
+    paper = "Raffel et al. 2020, Exploring the Limits of Transfer Learning (T5), §2.1"
+    Config = T5RelativeConfig
+    capabilities = Capabilities(
+        causal=True,
+        padding_mask=True,
+        cross_attention=True,
+        need_weights=True,
+        dtypes=(torch.float32, torch.float64, torch.bfloat16),
+    )
+    # Blocks of 5 queries (a partial last block, causal key skipping) and buckets that
+    # reach their log-spaced and clamped ranges within the suite's 16 tokens.
+    check_options = {"block_size": 5, "num_buckets": 8, "max_distance": 6}
+
+    @staticmethod
+    def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: object) -> float:
+        projections = 2 * (n_q + 2 * n_k + n_q) * d_model * d_model  # q, k, v, out
+        scores_and_mix = 2 * 2 * n_q * n_k * d_model  # Q Kᵀ and P V, all heads together
+        bias_add = n_q * n_k * num_heads
+        return float(projections + scores_and_mix + bias_add)
+
+    def __init__(self, d_model: int = 512, num_heads: int = 8, **options: object) -> None:
+        super().__init__(d_model, num_heads, **options)
+        config = self.config
+        self.scale = config.scale if config.scale is not None else 1 / math.sqrt(self.head_dim)
+        self.q_proj = nn.Linear(d_model, d_model, bias=config.bias)
+        self.k_proj = nn.Linear(d_model, d_model, bias=config.bias)
+        self.v_proj = nn.Linear(d_model, d_model, bias=config.bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=config.bias)
+        self.relative_attention_bias = nn.Embedding(config.num_buckets, num_heads)
+        # (Nq, Nk, causal, device) -> (Nq + Nk - 1,) int64 buckets of the fast path's bias
+        # vector. Integers only: the values come from the embedding on every call.
+        self._bucket_cache: dict[tuple, torch.Tensor] = {}
+
+    def share_relative_bias_with(self, other: T5RelativeAttention) -> None:
+        """Use `other`'s bias table (the same Parameter) from now on, as T5 shares one
+        table across all the layers of a stack."""
+        mine, theirs = self.config, other.config
+        if (mine.num_buckets, mine.max_distance, self.num_heads) != (
+            theirs.num_buckets,
+            theirs.max_distance,
+            other.num_heads,
+        ):
+            raise ValueError(
+                f"can only share a relative bias table between layers with the same "
+                f"num_buckets, max_distance and num_heads; got ({mine.num_buckets}, "
+                f"{mine.max_distance}, {self.num_heads}) and ({theirs.num_buckets}, "
+                f"{theirs.max_distance}, {other.num_heads})"
+            )
+        self.relative_attention_bias = other.relative_attention_bias
+
+    def compute_bias(
+        self,
+        query_length: int,
+        key_length: int,
+        bidirectional: bool = True,
+        device: torch.device | None = None,
+    ) -> torch.Tensor:
+        """(1, H, query_length, key_length) bias, as T5's `compute_bias`."""
+        device = self.relative_attention_bias.weight.device if device is None else device
+        query_position = torch.arange(query_length, device=device)[:, None]
+        key_position = torch.arange(key_length, device=device)[None, :]
+        buckets = relative_position_bucket(
+            key_position - query_position,  # (Nq, Nk): j − i
+            bidirectional,
+            self.config.num_buckets,
+            self.config.max_distance,
+        )
+        values = self.relative_attention_bias(buckets)  # (Nq, Nk, H)
+        return rearrange(values, "q k h -> 1 h q k")
+
+    def _project_heads(self, query, key, value):
+        h = self.num_heads
+        q = rearrange(self.q_proj(query), "b n (h d) -> b h n d", h=h)  # (B, H, Nq, d_head)
+        k = rearrange(self.k_proj(key), "b n (h d) -> b h n d", h=h)  # (B, H, Nk, d_head)
+        v = rearrange(self.v_proj(value), "b n (h d) -> b h n d", h=h)  # (B, H, Nk, d_head)
+        return q, k, v
+
+    def _merge_heads(self, context: torch.Tensor, empty: torch.Tensor | None) -> torch.Tensor:
+        if empty is None:
+            return self.out_proj(rearrange(context, "b h n d -> b n (h d)"))  # (B, Nq, d_model)
+        # A query that sees no key outputs zero, not the projection's bias. Zeroing the
+        # context too keeps a kernel's NaN on those rows out of the weight gradients.
+        context = context.masked_fill(empty[:, None], 0.0)
+        output = self.out_proj(rearrange(context, "b h n d -> b n (h d)"))  # (B, Nq, d_model)
+        return output.masked_fill(empty, 0.0)
+
+    def forward_reference(
+        self, query, key, value, attention_mask, is_causal, need_weights
+    ) -> AttentionOutput:
+        q, k, v = self._project_heads(query, key, value)
+        n_q, n_k = q.shape[2], k.shape[2]
+        position_bias = self.compute_bias(n_q, n_k, not is_causal, q.device)  # (1, H, Nq, Nk)
+        scores = self.scale * q @ k.transpose(-2, -1) + position_bias.to(q.dtype)  # (B, H, Nq, Nk)
+        allowed = allowed_keys(attention_mask, n_q, n_k, is_causal, q.device)
+        weights = masked_softmax(scores, allowed)  # (B, H, Nq, Nk)
+        mixed = F.dropout(weights, self.config.dropout, self.training) @ v  # (B, H, Nq, d_head)
+        output = self._merge_heads(mixed, empty_query_rows(allowed))
+        return AttentionOutput(output, weights if need_weights else None)
+
+    def _bias_by_antidiagonal(
+        self, n_q: int, n_k: int, is_causal: bool, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """(H, Nq + Nk − 1): entry t is the bias of query i and reversed key j' = Nk − 1 − j
+        with i + j' = t, i.e. of relative position j − i = Nk − 1 − t; −inf for the future
+        when causal."""
+        table = self.relative_attention_bias.weight  # (num_buckets, H)
+        cache_key = (n_q, n_k, is_causal, table.device)
+        buckets = self._bucket_cache.get(cache_key)
+        if buckets is None:
+            relative_position = torch.arange(n_k - 1, -n_q, -1, device=table.device)  # j − i
+            buckets = relative_position_bucket(
+                relative_position, not is_causal, self.config.num_buckets, self.config.max_distance
+            )
+            if len(self._bucket_cache) >= 8:  # a few shapes in flight; forget the oldest
+                self._bucket_cache.pop(next(iter(self._bucket_cache)))
+            self._bucket_cache[cache_key] = buckets
+        # (H, Nq + Nk − 1), differentiable in the table; contiguous so that the mask rows
+        # are unit-stride, which the fused kernel reads without a copy.
+        bias = table[buckets].to(dtype).t().contiguous()
+        if is_causal:
+            # t < Nk − 1 are relative positions j − i > 0: keys in the query's future.
+            bias = bias.index_fill(1, torch.arange(n_k - 1, device=bias.device), float("-inf"))
+        return bias
+
+    def forward_fast(
+        self, query, key, value, attention_mask, is_causal, need_weights
+    ) -> AttentionOutput:
+        if need_weights:
+            return self.forward_reference(query, key, value, attention_mask, is_causal, True)
+        q, k, v = self._project_heads(query, key, value)
+        n_q, n_k = q.shape[2], k.shape[2]
+        # Reversed keys turn the Toeplitz bias into a Hankel one (see the module docstring).
+        k, v = k.flip(2), v.flip(2)  # (B, H, Nk, d_head), key j at index Nk − 1 − j
+        bias = self._bias_by_antidiagonal(n_q, n_k, is_causal, q.dtype)  # (H, Nq + Nk − 1)
+        keep = None if attention_mask is None else attention_mask.flip(-1)[:, None, None, :]
+        dropout = self.config.dropout if self.training else 0.0
+        blocks = []
+        for start in range(0, n_q, self.config.block_size):
+            stop = min(start + self.config.block_size, n_q)
+            # A causal block sees keys j <= stop − 1 only: reversed indices from Nk − stop.
+            first = max(0, n_k - stop) if is_causal else 0
+            windows = bias[:, start + first : stop + n_k - 1]  # diagonals of this block
+            mask = windows.unfold(1, n_k - first, 1)[None]  # (1, H, block, Nk − first), a view
+            if keep is not None:
+                mask = mask.masked_fill(~keep[..., first:], float("-inf"))  # (B, H, block, ·)
+            blocks.append(
+                F.scaled_dot_product_attention(
+                    q[:, :, start:stop],
+                    k[:, :, first:],
+                    v[:, :, first:],
+                    attn_mask=mask,
+                    dropout_p=dropout,
+                    scale=self.scale,
+                )
+            )  # (B, H, block, d_head)
+        context = torch.cat(blocks, dim=2)  # (B, H, Nq, d_head)
+        empty = _queries_without_keys(attention_mask, n_q, is_causal)  # (B, Nq, 1) or None
+        return AttentionOutput(self._merge_heads(context, empty), None)
+
+
+def _queries_without_keys(
+    attention_mask: torch.Tensor | None, n_q: int, is_causal: bool
+) -> torch.Tensor | None:
+    """(B, Nq, 1) bool, True for queries with no visible key; O(B · N), unlike building
+    the (B, 1, Nq, Nk) allowed mask."""
+    if attention_mask is None:
+        return None  # causal alone: every query sees key 0
+    if not is_causal:
+        return (~attention_mask.any(dim=-1))[:, None, None].expand(-1, n_q, 1)
+    seen_any = attention_mask.cumsum(dim=-1) > 0  # (B, Nk): a real key at or before j
+    last_visible = torch.arange(n_q, device=attention_mask.device).clamp(max=seen_any.shape[1] - 1)
+    return ~seen_any[:, last_visible, None]
+
+
+@playground.hookimpl
+def register_attention(register):
+    register(T5RelativeAttention)
