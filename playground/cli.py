@@ -1,6 +1,9 @@
 """The `playground` command line.
 
     playground [--plugins-dir DIR] list | info NAME | plugins | check [NAME ... | --all]
+    playground run SPEC [--device cpu|cuda] [--variants a,b] [--seq-lens ...] [--out DIR]
+    playground run --resume RUN_DIR
+    playground compare [--device ...]           the main job: experiments/quick.toml
 
 Every command takes `--help`; `--plugins-dir` may also follow the command.
 """
@@ -21,6 +24,10 @@ from playground.config import describe_options
 from playground.contract import flops_exponent
 from playground.errors import PlaygroundError
 from playground.registry import Registry, bundled_dir
+from playground.results import RunStore
+from playground.runner import Runner, check_device, plan
+from playground.spec import apply_overrides, load_spec
+from playground.summary import print_summary, write_summary
 
 # Piped output (CI logs, files) gets wide tables instead of rich's 80-column default.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
@@ -40,9 +47,12 @@ def _short(source: str) -> str:
     return source
 
 
-def _print_load_errors(registry: Registry) -> None:
+def _print_load_errors(registry: Registry, to: Console = error_console) -> None:
+    """One unwrapped line per load error: file and message stay greppable."""
     for error in registry.errors:
-        error_console.print(f"[red]plugin error[/red] {_short(error.source)}: {error.message}")
+        to.print(
+            f"[red]plugin error[/red] {_short(error.source)}: {error.message}", soft_wrap=True
+        )
 
 
 def command_list(registry: Registry, arguments: argparse.Namespace) -> int:
@@ -91,13 +101,10 @@ def command_plugins(registry: Registry, arguments: argparse.Namespace) -> int:
     for column in ("source", "found via", "variants", "status"):
         table.add_column(column)
     for info in registry.plugins:
-        status = (
-            "[red]" + "; ".join(e.message for e in info.errors) + "[/red]"
-            if info.errors
-            else "[green]ok"
-        )
+        status = f"[red]{len(info.errors)} error(s), below[/red]" if info.errors else "[green]ok"
         table.add_row(_short(info.source), info.kind, ", ".join(info.variants) or "-", status)
     console.print(table)
+    _print_load_errors(registry, to=console)
     return 1 if registry.errors else 0
 
 
@@ -138,6 +145,68 @@ def command_check(registry: Registry, arguments: argparse.Namespace) -> int:
     return 1 if counts["failed"] or load_errors else 0
 
 
+def _execute(registry: Registry, store: RunStore, spec, overrides: dict) -> int:
+    runner = Runner(spec, registry, store, console)
+    runner.start(overrides)
+    pending = len(runner.pending())
+    console.print(
+        f"[bold]{spec.name}[/bold]: {len(plan(spec))} cells ({pending} to run) → {store.directory}"
+    )
+    count, completed = runner.run()
+    lines = write_summary(store)
+    print_summary(lines, console)
+    if not completed:
+        console.print(
+            f"[yellow]interrupted[/yellow] after {count} new cells; every finished row is in "
+            f"{store.path('results.jsonl')}. Continue with: playground run --resume {store.directory}"
+        )
+        return 130
+    console.print(f"results: {store.directory}")
+    return 0
+
+
+def _overrides(arguments: argparse.Namespace) -> dict:
+    seq_lens = None
+    if getattr(arguments, "seq_lens", None):
+        try:
+            seq_lens = [int(n) for n in arguments.seq_lens.split(",")]
+        except ValueError:
+            raise PlaygroundError(
+                f"--seq-lens takes comma-separated integers, like 256,512; got {arguments.seq_lens!r}"
+            ) from None
+    variants = getattr(arguments, "variants", None)
+    return {
+        "device": arguments.device,
+        "seq_lens": seq_lens,
+        "variants": variants.split(",") if variants else None,
+    }
+
+
+def command_run(registry: Registry, arguments: argparse.Namespace) -> int:
+    if arguments.resume:
+        store = RunStore.existing(arguments.resume)
+        env = store.read_json("env.json") if store.path("env.json").is_file() else {}
+        overrides = env.get("overrides", {})
+        spec = apply_overrides(load_spec(store.path("spec.toml"), registry), registry, overrides)
+    else:
+        if not arguments.spec:
+            raise PlaygroundError(
+                "give a spec file (or a shipped spec name such as quick), or --resume RUN_DIR"
+            )
+        overrides = _overrides(arguments)
+        spec = apply_overrides(load_spec(arguments.spec, registry), registry, overrides)
+        check_device(spec.device)
+        store = RunStore.create(arguments.out, spec.name)
+    return _execute(registry, store, spec, overrides)
+
+
+def command_compare(registry: Registry, arguments: argparse.Namespace) -> int:
+    overrides = _overrides(arguments)
+    spec = apply_overrides(load_spec("quick", registry), registry, overrides)
+    check_device(spec.device)
+    return _execute(registry, RunStore.create(arguments.out, spec.name), spec, overrides)
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -176,6 +245,24 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("-k", metavar="TEXT", help="only checks whose name contains TEXT")
     check.add_argument("-v", "--verbose", action="store_true", help="list passed checks too")
     check.set_defaults(handler=command_check)
+
+    run = commands.add_parser(
+        "run", parents=[common], help="measure the variants of an experiment spec"
+    )
+    run.add_argument("spec", nargs="?", help="a spec file, or a shipped spec: quick, scaling, ...")
+    compare = commands.add_parser(
+        "compare", parents=[common], help="the main job: the quick spec over every variant"
+    )
+    for sub in (run, compare):
+        sub.add_argument("--device", choices=("cpu", "cuda"), help="override the spec's device")
+        sub.add_argument("--variants", metavar="A,B", help="only these variants")
+        sub.add_argument("--seq-lens", metavar="N,M", help="override the spec's sequence lengths")
+        sub.add_argument(
+            "--out", default="results", metavar="DIR", help="results root (default: results)"
+        )
+    run.add_argument("--resume", metavar="RUN_DIR", help="run only the cells RUN_DIR lacks")
+    run.set_defaults(handler=command_run)
+    compare.set_defaults(handler=command_compare)
     return parser
 
 

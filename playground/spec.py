@@ -1,0 +1,316 @@
+"""Experiment specs: TOML files in experiments/, read with tomllib and validated whole
+before anything runs. An error names the file and the key and says what would be valid.
+
+    name = "quick"                       # results go to results/<name>/<timestamp>/
+    description = "..."
+    seq_lens = [256, 512, 1024]
+    batch_size = 1
+    d_model = 512
+    num_heads = 8
+    dtype = "float32"                    # float32 | float64 | bfloat16 | float16
+    device = "cpu"                       # cpu | cuda
+    passes = ["forward", "forward_backward"]
+    measures = ["speed", "memory", "fidelity"]
+    seed = 0
+
+    [timing]
+    min_run_time = 0.2                   # seconds of timed runs per cell (after warm-up)
+
+    [[variants]]                         # omit to run every registered variant
+    name = "linformer"
+    k = [64, 128, 256]                   # a list sweeps the option...
+    seq_len = 4096
+
+    [options.linformer]                  # ...and [options.NAME] sets options of a variant
+    seq_len = 16384                      # whether it is listed or picked up automatically
+
+A list is a sweep unless the option itself is a tuple: `global_tokens = [0]` is one value,
+`global_tokens = [[0], [0, 1]]` sweeps two.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import itertools
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from playground.config import build_config, field_types
+from playground.errors import ConfigError, PlaygroundError
+from playground.registry import Registry, bundled_dir
+
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+PASSES = ("forward", "forward_backward")
+MEASURES = ("speed", "memory", "fidelity", "accuracy")
+
+
+class SpecError(ConfigError):
+    """An experiment spec is malformed; the message names the file and key."""
+
+
+@dataclass(frozen=True)
+class VariantRun:
+    """One variant with one concrete set of options (a point of a sweep)."""
+
+    name: str
+    options: dict[str, Any]
+
+    @property
+    def label(self) -> str:
+        """The name plus the options set in the spec, e.g. `linformer(k=64)`."""
+        if not self.options:
+            return self.name
+        return f"{self.name}({', '.join(f'{k}={v}' for k, v in sorted(self.options.items()))})"
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    path: Path
+    text: str
+    description: str = ""
+    variants: tuple[VariantRun, ...] = ()
+    seq_lens: tuple[int, ...] = (256, 512, 1024)
+    batch_size: int = 1
+    d_model: int = 512
+    num_heads: int = 8
+    dtype: str = "float32"
+    device: str = "cpu"
+    passes: tuple[str, ...] = PASSES
+    measures: tuple[str, ...] = ("speed", "memory", "fidelity")
+    seed: int = 0
+    min_run_time: float = 0.2
+    tasks: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    variant_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The [options.NAME] tables: applied to NAME wherever it runs."""
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+
+_TOP_LEVEL: dict[str, Any] = {
+    "name": str,
+    "description": str,
+    "variants": list,
+    "options": dict,
+    "seq_lens": list[int],
+    "batch_size": int,
+    "d_model": int,
+    "num_heads": int,
+    "dtype": str,
+    "device": str,
+    "passes": list[str],
+    "measures": list[str],
+    "seed": int,
+    "timing": dict,
+    "tasks": list,
+}
+_TIMING = {"min_run_time": float}
+
+
+def _suggest(key: str, valid: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, list(valid), n=1)
+    return f"; did you mean {close[0]!r}?" if close else f"; valid: {', '.join(valid)}"
+
+
+def _is_instance(value: Any, expected: Any) -> bool:
+    origin = typing.get_origin(expected)
+    if origin is list:
+        (item,) = typing.get_args(expected)
+        return isinstance(value, list) and all(_is_instance(v, item) for v in value)
+    if expected is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, expected)
+
+
+def _type_name(expected: Any) -> str:
+    names = {str: "a string", int: "an integer", float: "a number", list: "a list", dict: "a table"}
+    if typing.get_origin(expected) is list:
+        return f"a list of {names[typing.get_args(expected)[0]].split(' ', 1)[1]}s"
+    return names[expected]
+
+
+def _is_sweep(value: Any, annotation: Any) -> bool:
+    if not isinstance(value, list):
+        return False
+    options = (
+        typing.get_args(annotation)
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType)
+        else (annotation,)
+    )
+    if any(typing.get_origin(option) is tuple for option in options):
+        return all(isinstance(item, list) for item in value)  # a list of tuples sweeps
+    return True
+
+
+def expand_variant(
+    name: str, options: dict[str, Any], registry: Registry, where: str
+) -> list[VariantRun]:
+    """Every point of the sweep over list-valued options, each validated by the variant's
+    own config (unknown option, wrong type, invalid value: SpecError naming `where`)."""
+    cls = registry.get(name)
+    types_by_name = field_types(cls.Config)
+    swept = {
+        key: value
+        for key, value in options.items()
+        if key in types_by_name and _is_sweep(value, types_by_name[key])
+    }
+    fixed = {key: value for key, value in options.items() if key not in swept}
+    for key, values in swept.items():
+        if not values:
+            raise SpecError(f"{where}: option {key!r} sweeps an empty list")
+    runs = []
+    for point in itertools.product(*swept.values()):
+        chosen = {**fixed, **dict(zip(swept, point, strict=True))}
+        try:
+            build_config(cls.Config, chosen, name)
+        except ConfigError as error:
+            raise SpecError(f"{where}: {error}") from None
+        runs.append(VariantRun(name, chosen))
+    return runs
+
+
+def load_spec(path: str | Path, registry: Registry) -> Spec:
+    """Read and validate a spec file; `path` may also name a bundled spec ("quick")."""
+    path = resolve_spec_path(path)
+    text = path.read_text()
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise SpecError(f"{path}: not valid TOML: {error}") from None
+
+    def fail(key: str, message: str) -> typing.NoReturn:
+        raise SpecError(f"{path}: key {key!r}: {message}")
+
+    for key, value in data.items():
+        if key not in _TOP_LEVEL:
+            fail(key, "unknown key" + _suggest(key, _TOP_LEVEL))
+        if not _is_instance(value, _TOP_LEVEL[key]):
+            fail(key, f"must be {_type_name(_TOP_LEVEL[key])}; got {value!r}")
+    if "name" not in data:
+        fail("name", "missing: every spec needs a name (results go to results/<name>/)")
+    timing = data.get("timing", {})
+    for key, value in timing.items():
+        if key not in _TIMING:
+            fail(f"timing.{key}", "unknown key" + _suggest(key, _TIMING))
+        if not _is_instance(value, _TIMING[key]) or value <= 0:
+            fail(f"timing.{key}", f"must be a positive number; got {value!r}")
+    for key, valid in (("dtype", DTYPES), ("device", ("cpu", "cuda"))):
+        if key in data and data[key] not in valid:
+            fail(key, f"{data[key]!r} is not one of {', '.join(valid)}")
+    for key, valid in (("passes", PASSES), ("measures", MEASURES)):
+        for item in data.get(key, []):
+            if item not in valid:
+                fail(key, f"{item!r} is not one of {', '.join(valid)}" + _suggest(item, valid))
+        if key in data and not data[key]:
+            fail(key, f"is empty; give at least one of {', '.join(valid)}")
+    for key in ("seq_lens", "batch_size", "d_model", "num_heads"):
+        values = data.get(key, [1]) if key == "seq_lens" else [data.get(key, 1)]
+        if not values or any(v < 1 for v in values):
+            fail(key, f"must be positive; got {data.get(key)!r}")
+    d_model, num_heads = data.get("d_model", 512), data.get("num_heads", 8)
+    if d_model % num_heads:
+        fail("d_model", f"{d_model} is not divisible by num_heads = {num_heads}")
+
+    overrides = data.get("options", {})
+    for name, options in overrides.items():
+        if not isinstance(options, dict):
+            fail(f"options.{name}", "must be a table of that variant's options")
+        _check_variant_name(name, registry, path, f"options.{name}")
+    entries = data.get("variants")
+    if entries is None:
+        entries = [{"name": name} for name in registry.names()]
+    variants: list[VariantRun] = []
+    for index, entry in enumerate(entries):
+        where = f"{path}: variants[{index}]"
+        if isinstance(entry, str):
+            entry = {"name": entry}
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise SpecError(f'{where}: each variant needs a name, e.g. {{ name = "vanilla" }}')
+        name = entry["name"]
+        _check_variant_name(name, registry, path, f"variants[{index}].name")
+        options = {**overrides.get(name, {}), **{k: v for k, v in entry.items() if k != "name"}}
+        variants.extend(expand_variant(name, options, registry, where))
+    if "accuracy" in data.get("measures", []) and not data.get("tasks"):
+        fail("tasks", "measures include 'accuracy' but no tasks are given")
+
+    return Spec(
+        name=data["name"],
+        path=path,
+        text=text,
+        description=data.get("description", ""),
+        variants=tuple(variants),
+        seq_lens=tuple(data.get("seq_lens", Spec.seq_lens)),
+        batch_size=data.get("batch_size", Spec.batch_size),
+        d_model=d_model,
+        num_heads=num_heads,
+        dtype=data.get("dtype", Spec.dtype),
+        device=data.get("device", Spec.device),
+        passes=tuple(data.get("passes", Spec.passes)),
+        measures=tuple(data.get("measures", Spec.measures)),
+        seed=data.get("seed", Spec.seed),
+        min_run_time=float(timing.get("min_run_time", Spec.min_run_time)),
+        tasks=tuple(data.get("tasks", ())),
+        variant_options=overrides,
+    )
+
+
+def apply_overrides(spec: Spec, registry: Registry, overrides: dict[str, Any]) -> Spec:
+    """The command line's --device, --seq-lens and --variants on top of a loaded spec.
+
+    --variants keeps the spec's sweep of each named variant; a variant the spec does not
+    list runs with its defaults and the spec's [options.NAME] table."""
+    changes: dict[str, Any] = {}
+    if overrides.get("device"):
+        changes["device"] = overrides["device"]
+    if overrides.get("seq_lens"):
+        changes["seq_lens"] = tuple(overrides["seq_lens"])
+    if overrides.get("variants"):
+        chosen: list[VariantRun] = []
+        for name in overrides["variants"]:
+            _check_variant_name(name, registry, spec.path, "--variants")
+            listed = [v for v in spec.variants if v.name == name]
+            chosen.extend(
+                listed
+                or expand_variant(name, spec.variant_options.get(name, {}), registry, "--variants")
+            )
+        changes["variants"] = tuple(chosen)
+    return dataclasses.replace(spec, **changes)
+
+
+def _check_variant_name(name: str, registry: Registry, path: Path, key: str) -> None:
+    """UnknownVariant (with suggestions) as a SpecError naming the file and key."""
+    try:
+        registry.get(name)
+    except PlaygroundError as error:
+        raise SpecError(f"{path}: key {key!r}: {error}") from None
+
+
+def resolve_spec_path(path: str | Path) -> Path:
+    """A spec file, or the name of a bundled one ("quick" → experiments/quick.toml)."""
+    candidate = Path(path)
+    if candidate.is_file():
+        return candidate
+    bundled = bundled_dir("experiments") / f"{candidate.stem}.toml"
+    if candidate.suffix in ("", ".toml") and candidate.parent == Path(".") and bundled.is_file():
+        return bundled
+    available = sorted(p.stem for p in bundled_dir("experiments").glob("*.toml"))
+    raise SpecError(
+        f"no spec file {str(path)!r}; give a path to a .toml file or one of the shipped "
+        f"specs: {', '.join(available) or '(none)'}"
+    )

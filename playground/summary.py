@@ -1,0 +1,162 @@
+"""What a run's rows say, condensed: one line per (variant point, pass, n) with the
+speed-up over vanilla at the same n, and the fitted log-log exponents of time and memory
+over n per (variant point, pass). Written to summary.csv and printed as tables."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from playground.measure import fit_exponent
+from playground.results import SUMMARY, RunStore
+
+BASELINE = "vanilla"
+
+
+@dataclass(frozen=True)
+class Line:
+    label: str
+    variant: str
+    pass_name: str
+    seq_len: int
+    status: str
+    time_ms: float | None
+    time_iqr_ms: float | None
+    peak_memory_mib: float | None
+    efficiency: float | None
+    speedup_vs_vanilla: float | None
+    fidelity_rel_error: float | None
+    fidelity_local_rel_error: float | None
+    fidelity_cosine: float | None
+    time_exponent: float | None
+    memory_exponent: float | None
+    error: str | None
+
+
+def exponents(rows: Iterable[dict[str, Any]]) -> tuple[float | None, float | None]:
+    """Time and memory exponents over the ok rows of one (variant point, pass); None
+    where fewer than two lengths were measured."""
+    rows = [r for r in rows if r["status"] == "ok"]
+
+    def fit(key: str) -> float | None:
+        points = [(r["seq_len"], r[key]) for r in rows if r.get(key)]
+        if len({n for n, _ in points}) < 2:
+            return None
+        return fit_exponent([n for n, _ in points], [v for _, v in points])
+
+    return fit("time_ms"), fit("peak_memory_bytes")
+
+
+def summarize(rows: list[dict[str, Any]]) -> list[Line]:
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["label"], row["pass"]), []).append(row)
+    baseline = {
+        (row["pass"], row["seq_len"]): row["time_ms"]
+        for row in rows
+        if row["label"] == BASELINE and row["status"] == "ok" and row.get("time_ms")
+    }
+    lines = []
+    for (label, pass_name), group in groups.items():
+        time_exponent, memory_exponent = exponents(group)
+        for row in sorted(group, key=lambda r: r["seq_len"]):
+            time_ms = row.get("time_ms")
+            reference = baseline.get((pass_name, row["seq_len"]))
+            memory = row.get("peak_memory_bytes")
+            lines.append(
+                Line(
+                    label=label,
+                    variant=row["variant"],
+                    pass_name=pass_name,
+                    seq_len=row["seq_len"],
+                    status=row["status"],
+                    time_ms=time_ms,
+                    time_iqr_ms=row.get("time_iqr_ms"),
+                    peak_memory_mib=None if memory is None else memory / 2**20,
+                    efficiency=row.get("efficiency"),
+                    speedup_vs_vanilla=reference / time_ms if reference and time_ms else None,
+                    fidelity_rel_error=row.get("fidelity_rel_error"),
+                    fidelity_local_rel_error=row.get("fidelity_local_rel_error"),
+                    fidelity_cosine=row.get("fidelity_cosine"),
+                    time_exponent=time_exponent,
+                    memory_exponent=memory_exponent,
+                    error=row.get("error"),
+                )
+            )
+    return lines
+
+
+def write_summary(store: RunStore) -> list[Line]:
+    """Derive summary.csv from results.jsonl (again: it is always recomputable)."""
+    lines = summarize(store.rows())
+    with open(store.path(SUMMARY), "w", newline="", encoding="utf-8") as file:
+        writer = csv.DictWriter(file, fieldnames=list(Line.__dataclass_fields__))
+        writer.writeheader()
+        for line in lines:
+            writer.writerow(asdict(line))
+    return lines
+
+
+def _format(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_summary(lines: list[Line], console: Console) -> None:
+    table = Table(title="Summary (median time; peak memory above the inputs)")
+    for column in (
+        "variant",
+        "pass",
+        "n",
+        "time ms",
+        "IQR ms",
+        "peak MiB",
+        "efficiency",
+        "vs vanilla",
+        "rel err",
+        "rel err local",
+        "status",
+    ):
+        table.add_column(
+            column, justify="left" if column in ("variant", "pass", "status") else "right"
+        )
+    for line in lines:
+        table.add_row(
+            line.label,
+            line.pass_name,
+            str(line.seq_len),
+            _format(line.time_ms, ".1f"),
+            _format(line.time_iqr_ms, ".1f"),
+            _format(line.peak_memory_mib, ".1f"),
+            _format(line.efficiency, ".2f"),
+            _format(line.speedup_vs_vanilla, ".2f") + ("×" if line.speedup_vs_vanilla else ""),
+            _format(line.fidelity_rel_error, ".3g"),
+            _format(line.fidelity_local_rel_error, ".3g"),
+            line.status if line.status == "ok" else f"[red]{line.status}[/red]",
+        )
+    console.print(table)
+    scaling = Table(
+        title="Scaling: fitted exponent of time and memory vs n (1 = linear, 2 = quadratic)"
+    )
+    for column in ("variant", "pass", "time exponent", "memory exponent"):
+        scaling.add_column(column)
+    seen = set()
+    for line in lines:
+        if (line.label, line.pass_name) not in seen:
+            seen.add((line.label, line.pass_name))
+            scaling.add_row(
+                line.label,
+                line.pass_name,
+                _format(line.time_exponent, ".2f"),
+                _format(line.memory_exponent, ".2f"),
+            )
+    console.print(scaling)
+    for line in lines:
+        if line.status != "ok":
+            console.print(
+                f"[red]{line.status}[/red] {line.label} n={line.seq_len} {line.pass_name}: {line.error}"
+            )

@@ -1,0 +1,338 @@
+"""The experiment runner on tiny sizes: spec validation, failing cells, interrupt and
+resume, the numbers it derives, and the CLI around it."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from playground.cli import main
+from playground.registry import Registry, configure
+from playground.results import RunStore
+from playground.runner import Runner, plan
+from playground.spec import SpecError, load_spec
+from playground.summary import exponents, summarize, write_summary
+
+FLAKY_PLUGIN = """
+    import playground
+
+    Vanilla = playground.get_variant("vanilla")
+    CALLS = {"interrupt_at": None}
+
+    class Flaky(Vanilla):
+        name = "flaky"
+        summary = "vanilla that fails at n = 16 and can be told to raise Ctrl-C"
+
+        def forward_fast(self, query, key, value, attention_mask, is_causal, need_weights):
+            if query.shape[1] == 16:
+                raise RuntimeError("boom at n=16")
+            if query.shape[1] == CALLS["interrupt_at"]:
+                raise KeyboardInterrupt
+            return super().forward_fast(query, key, value, attention_mask, is_causal, need_weights)
+
+    @playground.hookimpl
+    def register_attention(register):
+        register(Flaky)
+"""
+
+TINY = """
+    name = "tiny"
+    seq_lens = [8, 16, 24]
+    d_model = 16
+    num_heads = 2
+    passes = ["forward", "forward_backward"]
+    measures = ["speed", "memory", "fidelity"]
+
+    [timing]
+    min_run_time = 0.01
+"""
+
+
+@pytest.fixture
+def registry(write_plugin):
+    path = write_plugin("flaky.py", FLAKY_PLUGIN)
+    return Registry.discover([path.parent], entry_points=False)
+
+
+@pytest.fixture
+def spec_file(tmp_path):
+    def write(body: str, extra: str = "") -> str:
+        path = tmp_path / "spec.toml"
+        path.write_text(textwrap.dedent(body) + textwrap.dedent(extra))
+        return str(path)
+
+    return write
+
+
+# --- spec validation ---------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("seq_len = [8]\n", r"key 'seq_len': unknown key; did you mean 'seq_lens'\?"),
+        ('batch_size = "two"\n', r"key 'batch_size': must be an integer"),
+        ('dtype = "float8"\n', r"key 'dtype': 'float8' is not one of float32"),
+        (
+            'passes = ["backward"]\n',
+            r"key 'passes': 'backward' is not one of forward, forward_backward",
+        ),
+        ('measures = ["accuracy"]\n', r"key 'tasks': measures include 'accuracy' but no tasks"),
+        ('[[variants]]\nname = "vanila"\n', r"variants\[0\]\.name.*did you mean 'vanilla'"),
+        (
+            '[[variants]]\nname = "vanilla"\nwindow = 3\n',
+            r"variants\[0\]: variant 'vanilla' has no option 'window'",
+        ),
+        (
+            '[[variants]]\nname = "linformer"\nk = [8, "x"]\n',
+            r"option 'k' of variant 'linformer' must be an integer",
+        ),
+        ('[[variants]]\nname = "longformer"\nattention_window = 3\n', r"variants\[0\].*even"),
+        ("[timing]\nmin_runtime = 1\n", r"timing.min_runtime.*did you mean 'min_run_time'"),
+    ],
+)
+def test_spec_errors_name_the_file_and_key(spec_file, extra, message):
+    path = spec_file('name = "bad"\nseq_lens = [8]\nd_model = 16\nnum_heads = 2\n', extra)
+    with pytest.raises(SpecError, match=message) as raised:
+        load_spec(path, Registry.discover(entry_points=False))
+    assert path in str(raised.value)
+
+
+def test_d_model_must_divide_by_heads(spec_file):
+    with pytest.raises(SpecError, match="not divisible by num_heads"):
+        load_spec(
+            spec_file(TINY.replace("num_heads = 2", "num_heads = 3")),
+            Registry.discover(entry_points=False),
+        )
+
+
+def test_list_valued_options_sweep_but_tuples_are_values(spec_file):
+    extra = """
+        [[variants]]
+        name = "linformer"
+        seq_len = 64
+        k = [4, 8]
+
+        [[variants]]
+        name = "longformer"
+        attention_window = 4
+        global_tokens = [0]
+
+        [[variants]]
+        name = "longformer"
+        attention_window = 4
+        global_tokens = [[0], [0, 1]]
+    """
+    spec = load_spec(spec_file(TINY, extra), Registry.discover(entry_points=False))
+    labels = [v.label for v in spec.variants]
+    assert labels[:2] == ["linformer(k=4, seq_len=64)", "linformer(k=8, seq_len=64)"]
+    assert [v.options["global_tokens"] for v in spec.variants[2:]] == [[0], [0], [0, 1]]
+
+
+def test_unset_variants_means_every_registered_one(spec_file, registry):
+    spec = load_spec(spec_file(TINY), registry)
+    assert sorted({v.name for v in spec.variants}) == registry.names()
+
+
+def test_shipped_specs_are_valid():
+    registry = Registry.discover(entry_points=False)
+    for name in ("quick", "scaling", "linformer_k", "window"):
+        spec = load_spec(name, registry)
+        assert spec.name == name and plan(spec)
+
+
+# --- running -----------------------------------------------------------------------
+def run_tiny(registry, spec_file, tmp_path, **store):
+    spec = load_spec(
+        spec_file(TINY, '[[variants]]\nname = "vanilla"\n[[variants]]\nname = "flaky"\n'), registry
+    )
+    store = RunStore.create(tmp_path / "results", spec.name)
+    runner = Runner(spec, registry, store)
+    runner.start()
+    return spec, store, runner
+
+
+def test_a_failing_cell_is_recorded_and_the_sweep_goes_on(registry, spec_file, tmp_path):
+    spec, store, runner = run_tiny(registry, spec_file, tmp_path)
+    count, completed = runner.run()
+    rows = store.rows()
+    assert completed and count == len(plan(spec)) == len(rows) == 12
+    failed = [r for r in rows if r["status"] != "ok"]
+    assert {(r["variant"], r["seq_len"]) for r in failed} == {("flaky", 16)}
+    assert all(r["status"] == "error" and "boom at n=16" in r["error"] for r in failed)
+    ok = [r for r in rows if r["status"] == "ok"]
+    for row in ok:
+        assert row["time_ms"] > 0 and row["peak_memory_bytes"] > 0 and row["flops"] > 0
+        assert row["efficiency"] == pytest.approx(
+            row["flops"] / (row["time_ms"] / 1e3) / runner.gemm_flops
+        )
+    forward = [r for r in ok if r["pass"] == "forward"]
+    assert all(
+        r["fidelity_rel_error"] == 0 and r["fidelity_cosine"] == pytest.approx(1) for r in forward
+    )
+    env = json.loads(store.path("env.json").read_text())
+    assert env["torch_version"] == torch.__version__ and env["gemm_flops_per_s"] > 0
+
+
+def test_interrupt_then_resume_gives_every_row_once(registry, spec_file, tmp_path):
+    spec, store, runner = run_tiny(registry, spec_file, tmp_path)
+    module = sys.modules[registry.get("flaky").__module__]
+    module.CALLS["interrupt_at"] = 24
+    count, completed = runner.run()
+    assert not completed
+    kept = store.rows()
+    assert len(kept) == count and 0 < count < len(plan(spec))
+    module.CALLS["interrupt_at"] = None
+    resumed = Runner(
+        load_spec(store.path("spec.toml"), registry), registry, RunStore.existing(store.directory)
+    )
+    resumed.start()
+    assert resumed.gemm_flops == runner.gemm_flops  # the run's own ceiling, not a new one
+    resumed.run()
+    cells = [row["cell"] for row in store.rows()]
+    assert sorted(cells) == sorted(cell.id for cell in plan(spec))
+    assert len(cells) == len(set(cells))
+
+
+def test_a_line_cut_short_by_a_crash_is_ignored(tmp_path):
+    store = RunStore.create(tmp_path, "x")
+    store.append({"cell": "a"})
+    with open(store.path("results.jsonl"), "a") as file:
+        file.write('{"cell": "b", "ti')
+    assert store.rows() == [{"cell": "a"}]
+
+
+def test_two_runs_never_share_a_directory(tmp_path):
+    directories = {RunStore.create(tmp_path, "same").directory for _ in range(3)}
+    assert len(directories) == 3
+
+
+def test_unsupported_cells_are_recorded_as_such(spec_file, tmp_path):
+    registry = Registry.discover(entry_points=False)
+    spec = load_spec(
+        spec_file(TINY, '[[variants]]\nname = "linformer"\nseq_len = 16\nk = 4\n'), registry
+    )
+    store = RunStore.create(tmp_path, spec.name)
+    runner = Runner(spec, registry, store)
+    runner.start()
+    runner.run()
+    statuses = {(r["seq_len"], r["status"]) for r in store.rows()}
+    assert statuses == {(8, "ok"), (16, "ok"), (24, "unsupported")}
+    assert "seq_len=16" in next(r["error"] for r in store.rows() if r["status"] == "unsupported")
+
+
+# --- derived numbers -----------------------------------------------------------------
+def synthetic_rows(label, times, memories, status="ok"):
+    return [
+        {
+            "label": label,
+            "variant": label,
+            "pass": "forward",
+            "seq_len": n,
+            "status": status,
+            "time_ms": t,
+            "peak_memory_bytes": m,
+            "error": None,
+        }
+        for n, t, m in zip((1024, 2048, 4096), times, memories, strict=True)
+    ]
+
+
+def test_exponents_on_synthetic_timings():
+    rows = synthetic_rows("quadratic", [1, 4, 16], [10, 20, 40])
+    assert exponents(rows) == pytest.approx((2.0, 1.0))
+    assert exponents(rows[:1]) == (None, None)
+
+
+def test_summary_speedup_is_against_vanilla_at_the_same_n():
+    rows = synthetic_rows("vanilla", [2, 8, 32], [1, 4, 16]) + synthetic_rows(
+        "fast", [1, 2, 4], [1, 2, 4]
+    )
+    lines = [line for line in summarize(rows) if line.label == "fast"]
+    assert [line.speedup_vs_vanilla for line in lines] == [2, 4, 8]
+    assert lines[0].time_exponent == pytest.approx(1.0)
+
+
+def test_failed_rows_do_not_enter_the_fit():
+    rows = synthetic_rows("v", [1, 2, 4], [1, 2, 4])
+    rows[2]["status"], rows[2]["time_ms"] = "oom", None
+    assert exponents(rows)[0] == pytest.approx(1.0)
+
+
+# --- command line --------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def _reset_default_registry():
+    yield
+    configure([])
+
+
+def test_run_command_writes_rows_summary_and_env(spec_file, tmp_path, capsys):
+    code = main(
+        [
+            "run",
+            spec_file(TINY),
+            "--variants",
+            "vanilla",
+            "--seq-lens",
+            "8,16",
+            "--out",
+            str(tmp_path / "r"),
+        ]
+    )
+    assert code == 0
+    (run_dir,) = (tmp_path / "r" / "tiny").iterdir()
+    assert {p.name for p in run_dir.iterdir()} >= {
+        "results.jsonl",
+        "env.json",
+        "summary.csv",
+        "spec.toml",
+    }
+    assert len(RunStore(run_dir).rows()) == 4
+    out = capsys.readouterr().out
+    assert "Scaling" in out and str(run_dir) in out
+
+
+def test_resume_of_a_finished_run_runs_nothing(spec_file, tmp_path):
+    main(
+        ["run", spec_file(TINY), "--variants", "vanilla", "--seq-lens", "8", "--out", str(tmp_path)]
+    )
+    (run_dir,) = (tmp_path / "tiny").iterdir()
+    assert main(["run", "--resume", str(run_dir)]) == 0
+    assert len(RunStore(run_dir).rows()) == 2
+    write_summary(RunStore(run_dir))
+
+
+def test_cuda_without_a_gpu_is_a_clear_error_before_anything_runs(spec_file, tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    code = main(["run", spec_file(TINY), "--device", "cuda", "--out", str(tmp_path / "r")])
+    assert code == 2 and "--device cpu" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_unknown_spec_lists_the_shipped_ones(capsys):
+    assert main(["run", "quik"]) == 2
+    err = capsys.readouterr().err
+    assert "quick" in err and "scaling" in err
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_cuda_run(spec_file, tmp_path, dtype):
+    registry = Registry.discover(entry_points=False)
+    spec = load_spec(
+        spec_file(
+            TINY.replace('name = "tiny"', f'name = "tiny"\ndevice = "cuda"\ndtype = "{dtype}"')
+        ),
+        registry,
+    )
+    store = RunStore.create(tmp_path, spec.name)
+    runner = Runner(spec, registry, store)
+    runner.start()
+    runner.run()
+    rows = store.rows()
+    assert rows and all(r["status"] in ("ok", "unsupported") for r in rows), rows
+    assert any(r["status"] == "ok" and r["peak_memory_bytes"] > 0 for r in rows)
