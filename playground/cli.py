@@ -50,9 +50,7 @@ def _short(source: str) -> str:
 def _print_load_errors(registry: Registry, to: Console = error_console) -> None:
     """One unwrapped line per load error: file and message stay greppable."""
     for error in registry.errors:
-        to.print(
-            f"[red]plugin error[/red] {_short(error.source)}: {error.message}", soft_wrap=True
-        )
+        to.print(f"[red]plugin error[/red] {_short(error.source)}: {error.message}", soft_wrap=True)
 
 
 def command_list(registry: Registry, arguments: argparse.Namespace) -> int:

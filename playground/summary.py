@@ -33,6 +33,7 @@ class Line:
     fidelity_rel_error: float | None
     fidelity_local_rel_error: float | None
     fidelity_cosine: float | None
+    fidelity_local_attention_distance: float | None
     time_exponent: float | None
     memory_exponent: float | None
     error: str | None
@@ -83,6 +84,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[Line]:
                     fidelity_rel_error=row.get("fidelity_rel_error"),
                     fidelity_local_rel_error=row.get("fidelity_local_rel_error"),
                     fidelity_cosine=row.get("fidelity_cosine"),
+                    fidelity_local_attention_distance=row.get("fidelity_local_attention_distance"),
                     time_exponent=time_exponent,
                     memory_exponent=memory_exponent,
                     error=row.get("error"),
