@@ -36,11 +36,11 @@ class UnsupportedFeature(PlaygroundError, NotImplementedError):
 class UnknownVariant(PlaygroundError, LookupError):
     """No registered variant has the requested name."""
 
-    def __init__(self, name: str, known: Iterable[str]) -> None:
+    def __init__(self, name: str, known: Iterable[str], kind: str = "attention variant") -> None:
         self.name = name
         self.known = sorted(known)
         close = difflib.get_close_matches(name, self.known, n=3, cutoff=0.5)
-        message = f"no attention variant named {name!r}"
+        message = f"no {kind} named {name!r}"
         if close:
             message += f"; did you mean {', '.join(repr(c) for c in close)}?"
         message += f" Registered: {', '.join(self.known) or '(none)'}."
@@ -71,12 +71,14 @@ class PluginLoadError(PlaygroundError):
 class DuplicateVariant(PluginLoadError):
     """Two plugins registered a variant under the same name."""
 
-    def __init__(self, name: str, first_source: str, second_source: str) -> None:
+    def __init__(
+        self, name: str, first_source: str, second_source: str, kind: str = "variant"
+    ) -> None:
         self.name = name
         self.first_source = first_source
         self.second_source = second_source
         super().__init__(
             second_source,
-            f"variant name {name!r} is already registered by {first_source}; "
+            f"{kind} name {name!r} is already registered by {first_source}; "
             f"rename one of them (the `name` class attribute)",
         )

@@ -1,6 +1,7 @@
-"""Plugin discovery and the variant registry (pluggy).
+"""Plugin discovery and the variant and task registry (pluggy).
 
-Sources, in order (DESIGN.md): every `*.py` in the bundled `plugins/`; entry points of
+Sources, in order (DESIGN.md): the tasks shipped in playground/tasks/; every `*.py` in the
+bundled `plugins/`; entry points of
 group `playground`; every `*.py` in the directories of `PLAYGROUND_PLUGINS_PATH`
 (os.pathsep-separated) and of `--plugins-dir`. A plugin that fails is recorded with its
 source and error and the others still load; a duplicate name is recorded as an error
@@ -14,6 +15,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import os
+import pkgutil
 import sys
 import traceback
 from collections.abc import Iterable, Sequence
@@ -55,12 +57,19 @@ class PluginInfo:
     kind: str
     """"plugins/", "entry point", "PLAYGROUND_PLUGINS_PATH" or "--plugins-dir"."""
     variants: list[str] = field(default_factory=list)
+    tasks: list[str] = field(default_factory=list)
     errors: list[PluginLoadError] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class VariantEntry:
     cls: type[AttentionVariant]
+    source: str
+
+
+@dataclass(frozen=True)
+class TaskEntry:
+    cls: type
     source: str
 
 
@@ -101,6 +110,7 @@ class Registry:
         self.plugin_manager = pluggy.PluginManager("playground")
         self.plugin_manager.add_hookspecs(hookspecs)
         self.variants: dict[str, VariantEntry] = {}
+        self.tasks: dict[str, TaskEntry] = {}
         self.plugins: list[PluginInfo] = []
         self.duplicates: dict[str, DuplicateVariant] = {}
         self._seen_files: set[Path] = set()
@@ -117,6 +127,7 @@ class Registry:
         """Load every plugin source (see the module docstring) into a new registry."""
         registry = cls()
         if bundled:
+            registry.load_builtin_tasks()
             registry.load_directory(bundled_dir("plugins"), kind="plugins/")
         if entry_points:
             registry.load_entry_points()
@@ -197,22 +208,22 @@ class Registry:
             info.errors.append(
                 PluginLoadError(
                     info.source,
-                    "defines no hook: decorate `def register_attention(register)` with "
+                    "defines no hook: decorate `def register_attention(register)` (or "
+                    "register_tasks) with "
                     "@playground.hookimpl (files starting with _ are not loaded as plugins)",
                 )
             )
-        hook = self.plugin_manager.hook.register_attention
-        for implementation in hook.get_hookimpls():
-            if implementation.plugin is not plugin:
-                continue
-            try:
-                implementation.function(register=lambda obj: self._add_variant(obj, info))
-            except Exception as error:
-                info.errors.append(
-                    PluginLoadError(
-                        info.source, f"register_attention raised {_describe_error(error)}"
+        adders = {"register_attention": self._add_variant, "register_tasks": self._add_task}
+        for hook_name, add in adders.items():
+            for implementation in getattr(self.plugin_manager.hook, hook_name).get_hookimpls():
+                if implementation.plugin is not plugin:
+                    continue
+                try:
+                    implementation.function(register=lambda obj, add=add: add(obj, info))
+                except Exception as error:
+                    info.errors.append(
+                        PluginLoadError(info.source, f"{hook_name} raised {_describe_error(error)}")
                     )
-                )
 
     def _add_variant(self, obj: Any, info: PluginInfo) -> None:
         problem = _why_not_a_variant(obj)
@@ -226,6 +237,42 @@ class Registry:
             return
         self.variants[obj.name] = VariantEntry(obj, info.source)
         info.variants.append(obj.name)
+
+    def _add_task(self, obj: Any, info: PluginInfo) -> None:
+        if not (isinstance(obj, type) and isinstance(getattr(obj, "name", None), str) and obj.name):
+            info.errors.append(
+                PluginLoadError(
+                    info.source,
+                    f"register_tasks got {obj!r}; pass a task class with a `name` (see "
+                    f"playground.tasks)",
+                )
+            )
+            return
+        if obj.name in self.tasks:
+            duplicate = DuplicateVariant(
+                obj.name, self.tasks[obj.name].source, info.source, kind="task"
+            )
+            self.duplicates[f"task:{obj.name}"] = duplicate
+            info.errors.append(duplicate)
+            return
+        self.tasks[obj.name] = TaskEntry(obj, info.source)
+        info.tasks.append(obj.name)
+
+    def load_builtin_tasks(self) -> None:
+        """The tasks shipped in playground/tasks/, registered through the same hook."""
+        package = importlib.import_module("playground.tasks")
+        for module_info in pkgutil.iter_modules(package.__path__):
+            if module_info.name.startswith("_"):
+                continue
+            name = f"playground.tasks.{module_info.name}"
+            info = PluginInfo(source=name, kind="built-in")
+            self.plugins.append(info)
+            try:
+                module = importlib.import_module(name)
+            except Exception as error:
+                info.errors.append(PluginLoadError(name, _describe_error(error)))
+                continue
+            self._register_module(module, info)
 
     # --- lookup -------------------------------------------------------------------
     @property
@@ -241,6 +288,16 @@ class Registry:
         if name not in self.variants:
             raise UnknownVariant(name, self.variants)
         return self.variants[name].cls
+
+    def task_names(self) -> list[str]:
+        return sorted(self.tasks)
+
+    def get_task(self, name: str) -> type:
+        if f"task:{name}" in self.duplicates:
+            raise self.duplicates[f"task:{name}"]
+        if name not in self.tasks:
+            raise UnknownVariant(name, self.tasks, kind="task")
+        return self.tasks[name].cls
 
     def source_of(self, name: str) -> str:
         self.get(name)

@@ -1,0 +1,1 @@
+"""Synthetic tasks for accuracy comparisons (registered through `register_tasks`)."""
