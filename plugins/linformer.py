@@ -209,6 +209,34 @@ class LinformerAttention(AttentionVariant):
         output = self.out_proj(rearrange(mixed, "b h n d -> b n (h d)"))  # (B, Nq, d_model)
         return AttentionOutput(self._zero_empty_elements(output, attention_mask), None)
 
+    def slot_weights(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The attention probabilities over the k projected slots: (B, H, Nq, k).
+
+        These are eq. 7's softmax(Q (E K)ᵀ / √d_k), as `forward_reference` computes them
+        (before dropout): the contract's `weights` cannot hold them (they are over slots,
+        not keys), so they are offered here, for inspection and plots. Each row sums to 1.
+        `key` defaults to `query`; `attention_mask` (B, Nk) zeroes padded keys before E,
+        as in forward.
+        """
+        key = query if key is None else key
+        self._check_inputs(query, key, key, attention_mask, {})
+        self._check_capabilities(query, key, attention_mask, False, False, key is not query)
+        h, n_k = self.num_heads, key.shape[1]
+        q = rearrange(self.q_proj(query), "b n (h d) -> b h n d", h=h)  # (B, H, Nq, d_k)
+        k = self.k_proj(key)  # (B, Nk, d_model)
+        if attention_mask is not None:
+            k = k.masked_fill(~attention_mask[..., None], 0.0)
+        k = rearrange(k, "b n (h d) -> b h n d", h=h)  # (B, H, Nk, d_k)
+        E = self.E[..., :n_k].expand(h, -1, -1)  # (H, k, Nk)
+        k = einops.einsum(E, k, "h s n, b h n d -> b h s d")  # K' = E K: (B, H, k, d_k)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, Nq, k)
+        return scores.softmax(dim=-1)
+
     def _compress(
         self,
         projection: nn.Linear,

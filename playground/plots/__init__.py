@@ -1,0 +1,27 @@
+"""Figures from any results directory (matplotlib, headless).
+
+    plot_run(run_dir, out_dir=None, formats=("png",)) -> list[Path]
+
+writes, for whatever the run measured: time, peak memory and efficiency vs n (one panel
+per pass, fitted exponents in the legend, n and n² for reference); fidelity against each
+swept option (or against n); accuracy per task and cost against accuracy (for accuracy
+rows: those with a "task" key); the attention pattern of every variant on a short
+sequence; and T5's relative bias per head. A variant keeps one colour in every figure
+(`variant_colour`); failed, OOM and unsupported cells are drawn as markers and listed in
+each figure's footnote, with the device, dtype and torch version.
+"""
+
+from playground.plots.data import PlotError, Run, load_run
+from playground.plots.run import FIGURES_DIR, figures, plot_run
+from playground.plots.style import FORMATS, variant_colour
+
+__all__ = [
+    "FIGURES_DIR",
+    "FORMATS",
+    "PlotError",
+    "Run",
+    "figures",
+    "load_run",
+    "plot_run",
+    "variant_colour",
+]

@@ -1,0 +1,197 @@
+"""Cost against sequence length: time, peak memory and efficiency vs n, one panel per
+pass, one line per variant point, fitted exponents in the legend."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
+
+from playground.plots.data import OK, Run
+from playground.plots.style import (
+    failure_note,
+    finish,
+    legend,
+    log_axis,
+    mark_failures,
+    new_figure,
+    series_colour,
+    series_marker,
+    status_handles,
+)
+from playground.summary import exponents
+
+PASS_TITLES = {"forward": "forward", "forward_backward": "forward + backward"}
+
+
+@dataclass(frozen=True)
+class Metric:
+    stem: str
+    key: str
+    title: str
+    axis_label: str
+    scale: float = 1.0
+    log_y: bool = True
+    exponent: int | None = None
+    """Index into summary.exponents(): 0 time, 1 memory; None: no fit shown."""
+
+
+TIME = Metric(
+    "time_vs_n", "time_ms", "Time vs sequence length", "median time per call (ms)", exponent=0
+)
+MEMORY = Metric(
+    "memory_vs_n",
+    "peak_memory_bytes",
+    "Peak memory vs sequence length",
+    "peak memory above the inputs (MiB)",
+    scale=1 / 2**20,
+    exponent=1,
+)
+EFFICIENCY = Metric(
+    "efficiency_vs_n",
+    "efficiency",
+    "Efficiency vs sequence length",
+    "useful FLOP/s ÷ measured GEMM FLOP/s",
+    log_y=False,
+)
+METRICS = (TIME, MEMORY, EFFICIENCY)
+
+
+def set_length_axis(axes: Axes, lengths: list[int]) -> None:
+    """Log₂ x axis with a tick at every measured n, written as integers."""
+    axes.set_xscale("log", base=2)
+    axes.xaxis.set_major_locator(FixedLocator(sorted(set(lengths))))
+    axes.xaxis.set_major_formatter(lambda value, _: f"{value:.0f}")
+    axes.xaxis.set_minor_locator(NullLocator())
+    axes.xaxis.set_minor_formatter(NullFormatter())
+    low, high = min(lengths), max(lengths)
+    axes.set_xlim(low / 1.3, high * 1.3)
+    axes.set_xlabel("sequence length n (tokens)")
+
+
+def _reference_slopes(axes: Axes, anchors: list[tuple[int, float]]) -> None:
+    """Faint n and n² through the geometric mean of the shortest length's values."""
+    shortest = min(n for n, _ in anchors)
+    values = [v for n, v in anchors if n == shortest]
+    start = math.exp(sum(math.log(v) for v in values) / len(values))
+    longest = max(n for n, _ in anchors)
+    for power, text in ((1, "∝ n"), (2, "∝ n²")):
+        end = start * (longest / shortest) ** power
+        axes.plot(
+            [shortest, longest], [start, end], color="0.6", linestyle=":", linewidth=1, zorder=0
+        )
+        axes.annotate(
+            text,
+            (longest, end),
+            xytext=(3, 0),
+            textcoords="offset points",
+            color="0.5",
+            fontsize=8,
+            va="center",
+        )
+
+
+def _exponent_text(run: Run, label: str, metric: Metric) -> str:
+    """`n^1.98 | n^1.95` (mathtext): the fitted exponent per pass, '–' where fewer than
+    two lengths were measured; empty when no pass has a fit."""
+    if metric.exponent is None:
+        return ""
+    fitted = []
+    for pass_name in run.passes:
+        rows = [r for r in run.measurements if r["label"] == label and r["pass"] == pass_name]
+        fitted.append(exponents(rows)[metric.exponent] if rows else None)
+    if all(value is None for value in fitted):
+        return ""
+    return "  " + " | ".join("–" if v is None else f"$n^{{{v:.2f}}}$" for v in fitted)
+
+
+def scaling_figure(run: Run, metric: Metric) -> Figure | None:
+    """One metric vs n; None when no row measured it."""
+    rows = run.measurements
+    if not any(row.get(metric.key) is not None for row in rows):
+        return None
+    passes = run.passes
+    figure = new_figure(len(passes), metric.title)
+    lengths = [row["seq_len"] for row in rows]
+    statuses: set[str] = set()
+    notes: list[str] = []
+    for axes, pass_name in zip(figure.axes, passes, strict=True):
+        anchors: list[tuple[int, float]] = []
+        stack: dict[float, int] = {}
+        for label in run.labels(rows):
+            series = run.series[label]
+            cells = sorted(
+                (r for r in rows if r["label"] == label and r["pass"] == pass_name),
+                key=lambda r: r["seq_len"],
+            )
+            points = [
+                (r["seq_len"], r[metric.key] * metric.scale)
+                for r in cells
+                if r["status"] == OK and _positive(r.get(metric.key), metric.log_y)
+            ]
+            colour = series_colour(series)
+            if points:
+                axes.plot(
+                    *zip(*points, strict=True),
+                    color=colour,
+                    marker=series_marker(series),
+                    markersize=5,
+                    label=series.legend + _exponent_text(run, label, metric),
+                )
+                anchors.extend(points)
+            failed = [(r["seq_len"], r["status"]) for r in cells if r["status"] != OK]
+            mark_failures(axes, failed, colour, stack)
+            statuses.update(status for _, status in failed)
+            notes.extend(failure_note(r, series.legend) for r in cells if r["status"] != OK)
+        set_length_axis(axes, lengths)
+        axes.set_title(PASS_TITLES.get(pass_name, pass_name), fontsize=10)
+        axes.set_ylabel(metric.axis_label)
+        axes.grid(True, which="major", alpha=0.3)
+        if metric.log_y:
+            log_axis(axes, [v for _, v in anchors])
+            if len({n for n, _ in anchors}) > 1:
+                _reference_slopes(axes, anchors)
+        else:
+            _efficiency_limit(axes, anchors)
+    title = None
+    if metric.exponent is not None and len(set(lengths)) > 1:
+        title = "fitted exponent: " + " | ".join(PASS_TITLES.get(p, p) for p in passes)
+    extra = status_handles(statuses)
+    if not metric.log_y:
+        extra.insert(0, _limit_handle(run))
+        if any(r.get(metric.key, 0) > 1 for r in rows if r["status"] == OK):
+            notes.insert(0, _ABOVE_ONE)
+    legend(figure, extra, title=title)
+    finish(figure, run, notes)
+    return figure
+
+
+def _positive(value: Any, log_y: bool) -> bool:
+    return value is not None and (value > 0 or not log_y)
+
+
+_ABOVE_ONE = (
+    "above 1.0: the FLOP model over-counts (forward + backward is taken as 3 × forward) or the "
+    "variant's kernels beat the GEMM measured at the start of the run"
+)
+
+
+def _limit_handle(run: Run) -> Line2D:
+    """The legend entry of the 1.0 line: the measured GEMM throughput."""
+    gemm = run.env.get("gemm_flops_per_s")
+    text = "1.0 = measured GEMM throughput"
+    if gemm:
+        text += f" ({gemm / 1e9:.0f} GFLOP/s)"
+    return Line2D([], [], color="0.3", linestyle="--", linewidth=1, label=text)
+
+
+def _efficiency_limit(axes: Axes, points: list[tuple[int, float]]) -> None:
+    """1.0 is the measured GEMM throughput: the ceiling a variant's useful FLOPs approach."""
+    axes.axhline(1.0, color="0.3", linestyle="--", linewidth=1)
+    top = max([1.0, *(v for _, v in points)])
+    axes.set_ylim(0, top * 1.12)

@@ -1,0 +1,194 @@
+"""What every figure shares: a variant's colour, a point's shade and marker, the
+environment footnote, the markers of failed cells, and saving in several formats.
+
+Figures are `matplotlib.figure.Figure` objects, never pyplot's global state, so plotting
+is headless (Agg) and thread-safe by construction.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from matplotlib.axes import Axes
+from matplotlib.colors import to_rgb
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import LogFormatter
+from matplotlib.transforms import blended_transform_factory
+
+from playground.plots.data import Run, Series
+
+KNOWN_COLOURS = {
+    "vanilla": "#1f77b4",  # blue
+    "longformer": "#2ca02c",  # green
+    "linformer": "#d62728",  # red
+    "t5_relative": "#9467bd",  # purple
+}
+"""The shipped variants' colours, fixed so that they never swap between figures or runs."""
+
+OTHER_COLOURS = (
+    "#ff7f0e",  # orange
+    "#8c564b",  # brown
+    "#e377c2",  # pink
+    "#17becf",  # cyan
+    "#bcbd22",  # olive
+    "#7f7f7f",  # grey
+    "#393b79",  # indigo
+    "#637939",  # moss
+)
+"""Any other variant: chosen by a hash of its name (crc32, the same in every process)."""
+
+POINT_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+STATUS_MARKERS = {"oom": "v", "error": "X", "unsupported": "s"}
+"""Where a cell failed, a marker at the foot of the axes in the series' colour:
+OOM ▽, error ✕, unsupported □ (hollow)."""
+
+FORMATS = ("png", "svg", "pdf")
+DPI = 130
+PANEL_SIZE = (5.2, 3.9)
+"""Inches per panel; the legend column and footnote add to it."""
+
+
+def variant_colour(variant: str) -> str:
+    """A variant's colour, the same in every figure: fixed for the shipped variants, from
+    a hash of the name for any other."""
+    if variant in KNOWN_COLOURS:
+        return KNOWN_COLOURS[variant]
+    return OTHER_COLOURS[zlib.crc32(variant.encode()) % len(OTHER_COLOURS)]
+
+
+def shade(variant: str, index: int, count: int) -> tuple[float, float, float]:
+    """The variant's colour, lighter for the first of `count` items and darker for the
+    last, so a sweep reads as one hue in order."""
+    base = to_rgb(variant_colour(variant))
+    if count <= 1:
+        return base
+    shift = -0.5 + 0.85 * index / (count - 1)  # -0.5 (light) … 0.35 (dark)
+    target = (1.0, 1.0, 1.0) if shift < 0 else (0.0, 0.0, 0.0)
+    r, g, b = (c + (t - c) * abs(shift) for c, t in zip(base, target, strict=True))
+    return (r, g, b)
+
+
+def series_colour(series: Series) -> tuple[float, float, float]:
+    """A variant point's colour: its variant's hue, shaded by its place in the sweep."""
+    return shade(series.variant, series.point, series.points)
+
+
+def series_marker(series: Series) -> str:
+    return POINT_MARKERS[series.point % len(POINT_MARKERS)]
+
+
+def new_figure(panels: int, title: str, rows: int = 1, extra_width: float = 2.6) -> Figure:
+    """A figure of `rows` × `panels` axes, titled, with room for a legend at the right."""
+    width = PANEL_SIZE[0] * panels + extra_width
+    figure = Figure(figsize=(width, PANEL_SIZE[1] * rows + 0.9), layout="constrained")
+    figure.subplots(rows, panels, squeeze=False)
+    figure.suptitle(title, fontsize=12)
+    return figure
+
+
+def finish(figure: Figure, run: Run, notes: Sequence[str] = (), max_notes: int = 6) -> None:
+    """The footnote: the environment line, then up to `max_notes` notes (failed cells,
+    points left out) and how many more the report lists."""
+    lines = [run.environment_note()]
+    lines.extend(notes[:max_notes])
+    if len(notes) > max_notes:
+        lines.append(f"… and {len(notes) - max_notes} more (see report.html)")
+    figure.supxlabel("\n".join(lines), fontsize=7, color="0.35", ha="left", x=0.01)
+
+
+def legend(figure: Figure, extra: Sequence[Any] = (), title: str | None = None) -> None:
+    """One legend for the whole figure, outside the axes on the right: every labelled
+    artist once (the first axes that has it), then `extra` handles (failure markers)."""
+    seen: dict[str, Any] = {}
+    for axes in figure.axes:
+        handles, labels = axes.get_legend_handles_labels()
+        for handle, label in zip(handles, labels, strict=True):
+            seen.setdefault(label, handle)
+    handles = [*seen.values(), *extra]
+    labels = [*seen, *(handle.get_label() for handle in extra)]
+    if handles:
+        figure.legend(handles, labels, loc="outside right upper", fontsize=8, title=title)
+
+
+def status_handles(statuses: Iterable[str]) -> list[Line2D]:
+    """Legend entries explaining the failure markers that appear."""
+    present = [s for s in STATUS_MARKERS if s in set(statuses)]
+    return [
+        Line2D(
+            [],
+            [],
+            linestyle="none",
+            marker=STATUS_MARKERS[status],
+            color="0.2",
+            markerfacecolor="none" if status == "unsupported" else "0.2",
+            label=f"{status} (not measured)",
+        )
+        for status in present
+    ]
+
+
+def mark_failures(
+    axes: Axes, points: list[tuple[float, str]], colour: Any, stack: dict[float, int] | None = None
+) -> None:
+    """Failed cells at their x, on the foot of the axes (they have no y to plot). `stack`
+    counts the markers already at each x of these axes, so a second one sits above the
+    first instead of hiding it."""
+    stack = {} if stack is None else stack
+    transform = blended_transform_factory(axes.transData, axes.transAxes)
+    for x, status in points:
+        level = stack.get(x, 0)
+        stack[x] = level + 1
+        marker = STATUS_MARKERS.get(status, "X")
+        axes.plot(
+            [x],
+            [0.03 + 0.06 * level],
+            transform=transform,
+            linestyle="none",
+            marker=marker,
+            markersize=8,
+            color=colour,
+            markerfacecolor="none" if status == "unsupported" else colour,
+            clip_on=False,
+            zorder=5,
+        )
+
+
+def failure_note(row: dict[str, Any], legend: str) -> str:
+    """One line for a failed cell: where, what status, the first line of its error."""
+    where = [legend]
+    if "seq_len" in row:
+        where.append(f"n={row['seq_len']}")
+    if row.get("pass"):
+        where.append(row["pass"])
+    if row.get("task"):
+        where.append(str(row.get("task_label") or row["task"]))
+    message = (row.get("error") or "").strip().splitlines()
+    detail = f": {message[0][:110]}" if message else ""
+    return f"{row.get('status', '?')}: {' '.join(where)}{detail}"
+
+
+def log_axis(axes: Axes, values: Sequence[float], which: str = "y") -> None:
+    """Log axis (y, or x with which="x") labelled in plain numbers (30, not 3×10¹);
+    within two decades the minor ticks are labelled too, as matplotlib chooses them."""
+    axis = axes.yaxis if which == "y" else axes.xaxis
+    (axes.set_yscale if which == "y" else axes.set_xscale)("log")
+    axis.set_major_formatter(LogFormatter())
+    positive = [v for v in values if v > 0]
+    if positive and max(positive) < 100 * min(positive):
+        axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 1)))
+
+
+def save(figure: Figure, out_dir: Path, stem: str, formats: Sequence[str]) -> list[Path]:
+    """Write the figure once per format; returns the files written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for fmt in formats:
+        path = out_dir / f"{stem}.{fmt}"
+        figure.savefig(path, dpi=DPI)
+        paths.append(path)
+    return paths

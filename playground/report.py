@@ -1,0 +1,285 @@
+"""A run's report, in two files next to its results:
+
+    report.html   self-contained: the summary tables, every figure embedded as a base64
+                  data URI, the failed cells with their errors, the environment and the
+                  spec; one file to mail or attach
+    report.md     the same tables in Markdown, figures linked by relative file name, for
+                  pasting into issues and papers
+
+    write_report(run_dir, figures) -> (report.html, report.md)
+
+Every piece of text from the run (labels, errors, the spec) is HTML-escaped in the HTML,
+and `|` is escaped in Markdown table cells.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from playground.plots.data import OK, Run, load_run
+from playground.summary import Line, summarize
+
+HTML_REPORT = "report.html"
+MARKDOWN_REPORT = "report.md"
+EMBEDDED_TYPES = {".png": "image/png", ".svg": "image/svg+xml"}
+"""Figure formats a browser shows inline; a PDF is linked, not embedded."""
+
+Table = tuple[list[str], list[list[str]]]
+"""(header, rows), every cell already a string."""
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
+th { background: #f3f3f3; }
+td:first-child, th:first-child, td.text { text-align: left; }
+td.failed { color: #b00020; font-weight: bold; }
+figure { margin: 1.5em 0; }
+figure img { max-width: 100%; border: 1px solid #eee; }
+pre { background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 0.85em; }
+"""
+
+
+def _number(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def summary_table(lines: Sequence[Line]) -> Table:
+    """One row per (variant point, pass, n), as `playground.summary` condenses them."""
+    header = [
+        "variant",
+        "pass",
+        "n",
+        "time ms",
+        "IQR ms",
+        "peak MiB",
+        "efficiency",
+        "vs vanilla",
+        "rel err",
+        "rel err local",
+        "cosine",
+        "status",
+    ]
+    rows = [
+        [
+            line.label,
+            line.pass_name,
+            str(line.seq_len),
+            _number(line.time_ms, ".2f"),
+            _number(line.time_iqr_ms, ".2f"),
+            _number(line.peak_memory_mib, ".2f"),
+            _number(line.efficiency, ".2f"),
+            _number(line.speedup_vs_vanilla, ".2f") + ("×" if line.speedup_vs_vanilla else ""),
+            _number(line.fidelity_rel_error, ".3g"),
+            _number(line.fidelity_local_rel_error, ".3g"),
+            _number(line.fidelity_cosine, ".3f"),
+            line.status,
+        ]
+        for line in lines
+    ]
+    return header, rows
+
+
+def exponent_table(lines: Sequence[Line]) -> Table:
+    """Fitted log-log exponents of time and memory per (variant point, pass)."""
+    seen: dict[tuple[str, str], list[str]] = {}
+    for line in lines:
+        seen.setdefault(
+            (line.label, line.pass_name),
+            [
+                line.label,
+                line.pass_name,
+                _number(line.time_exponent, ".2f"),
+                _number(line.memory_exponent, ".2f"),
+            ],
+        )
+    return ["variant", "pass", "time exponent", "memory exponent"], list(seen.values())
+
+
+def accuracy_table(rows: Iterable[dict[str, Any]]) -> Table:
+    """One row per (variant point, task)."""
+    header = ["variant", "task", "accuracy", "chance", "seeds", "steps", "train s", "status"]
+    table = []
+    for row in rows:
+        mean, std = row.get("accuracy_mean"), row.get("accuracy_std")
+        accuracy = "-" if mean is None else f"{mean:.3f} ± {std or 0.0:.3f}"
+        table.append(
+            [
+                row["label"],
+                str(row.get("task_label") or row["task"]),
+                accuracy,
+                _number(row.get("chance"), ".3f"),
+                str(len(row.get("accuracy_per_seed") or [])),
+                str(row.get("steps", "-")),
+                _number(row.get("train_time_s"), ".1f"),
+                str(row.get("status", OK)),
+            ]
+        )
+    return header, table
+
+
+def failure_table(rows: Iterable[dict[str, Any]]) -> Table:
+    """Every cell that did not finish ok, with its full error."""
+    table = []
+    for row in rows:
+        where = row.get("cell") or row["label"]
+        if row.get("task") and row.get("task") not in str(where):
+            where = f"{where} | {row.get('task_label') or row['task']}"
+        table.append([str(where), str(row.get("status")), str(row.get("error") or "")])
+    return ["cell", "status", "error"], table
+
+
+def environment_table(env: dict[str, Any]) -> Table:
+    rows = [
+        [key, value if isinstance(value, str) else json.dumps(value)]
+        for key, value in sorted(env.items())
+    ]
+    return ["key", "value"], rows
+
+
+def _chosen_figures(figures: Sequence[Path]) -> list[tuple[Path, list[Path]]]:
+    """(the file to show, every file of that figure) per figure stem, in the given order:
+    PNG before SVG before anything else."""
+    stems: dict[str, list[Path]] = {}
+    for path in figures:
+        stems.setdefault(path.stem, []).append(Path(path))
+    preference = [".png", ".svg"]
+
+    def rank(path: Path) -> int:
+        return preference.index(path.suffix) if path.suffix in preference else len(preference)
+
+    return [(min(paths, key=rank), paths) for paths in stems.values()]
+
+
+def _html_table(table: Table) -> str:
+    header, rows = table
+    head = "".join(f"<th>{html.escape(cell)}</th>" for cell in header)
+    body = []
+    for row in rows:
+        cells = []
+        for name, cell in zip(header, row, strict=True):
+            css = ""
+            if name == "status" and cell != OK:
+                css = ' class="failed"'
+            elif name in ("error", "value", "task"):
+                css = ' class="text"'
+            cells.append(f"<td{css}>{html.escape(cell)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _markdown_cell(cell: str) -> str:
+    return cell.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ") or " "
+
+
+def _markdown_table(table: Table) -> str:
+    header, rows = table
+    lines = ["| " + " | ".join(_markdown_cell(c) for c in header) + " |"]
+    lines.append("| " + " | ".join("---" for _ in header) + " |")
+    lines.extend("| " + " | ".join(_markdown_cell(c) for c in row) + " |" for row in rows)
+    return "\n".join(lines)
+
+
+def _sections(run: Run) -> list[tuple[str, Table]]:
+    """(title, table) of every table section that has rows."""
+    sections = []
+    if run.measurements:
+        lines = summarize(run.measurements)
+        sections.append(
+            ("Summary (median time; peak memory above the inputs)", summary_table(lines))
+        )
+        sections.append(("Scaling: fitted exponent of time and memory vs n", exponent_table(lines)))
+    if run.accuracy:
+        sections.append(("Accuracy (mean ± std over seeds)", accuracy_table(run.accuracy)))
+    if run.failed:
+        sections.append(("Failed cells", failure_table(run.failed)))
+    return sections
+
+
+def _title(run: Run) -> tuple[str, str]:
+    name = run.env.get("experiment") or run.spec.get("name") or run.directory.name
+    return f"Run {name} — {run.directory.name}", str(run.spec.get("description", ""))
+
+
+def _image_tag(path: Path) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    mime = EMBEDDED_TYPES[path.suffix]
+    alt = html.escape(path.stem.replace("_", " "))
+    return f'<img src="data:{mime};base64,{data}" alt="{alt}">'
+
+
+def render_html(run: Run, figures: Sequence[Path]) -> str:
+    title, description = _title(run)
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        '<head><meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title>",
+        f"<style>{STYLE}</style></head>",
+        "<body>",
+        f"<h1>{html.escape(title)}</h1>",
+    ]
+    if description:
+        parts.append(f"<p>{html.escape(description)}</p>")
+    parts.append(f"<p>{html.escape(run.environment_note())}</p>")
+    for heading, table in _sections(run):
+        parts += [f"<h2>{html.escape(heading)}</h2>", _html_table(table)]
+    chosen = _chosen_figures(figures)
+    if chosen:
+        parts.append("<h2>Figures</h2>")
+    for shown, paths in chosen:
+        caption = html.escape(shown.stem.replace("_", " "))
+        others = ", ".join(html.escape(p.name) for p in paths if p != shown)
+        if shown.suffix in EMBEDDED_TYPES:
+            body = _image_tag(shown)
+        else:
+            body = f"<p>{html.escape(shown.name)} (not embeddable; next to this report)</p>"
+        extra = f" (also written: {others})" if others else ""
+        parts.append(f"<figure>{body}<figcaption>{caption}{extra}</figcaption></figure>")
+    parts += [
+        "<h2>Environment</h2>",
+        _html_table(environment_table(run.env)),
+        "<h2>Spec</h2>",
+        f"<pre>{html.escape(run.spec_text)}</pre>",
+        "</body>",
+        "</html>",
+    ]
+    return "\n".join(parts) + "\n"
+
+
+def render_markdown(run: Run, figures: Sequence[Path], relative_to: Path) -> str:
+    title, description = _title(run)
+    parts = [f"# {title}", ""]
+    if description:
+        parts += [description, ""]
+    parts += [run.environment_note(), ""]
+    for heading, table in _sections(run):
+        parts += [f"## {heading}", "", _markdown_table(table), ""]
+    chosen = _chosen_figures(figures)
+    if chosen:
+        parts += ["## Figures", ""]
+    for shown, _ in chosen:
+        relative = Path(os.path.relpath(shown, relative_to)).as_posix()
+        parts += [f"![{shown.stem.replace('_', ' ')}]({relative})", ""]
+    parts += ["## Environment", "", _markdown_table(environment_table(run.env)), ""]
+    parts += ["## Spec", "", "```toml", run.spec_text.rstrip(), "```", ""]
+    return "\n".join(parts)
+
+
+def write_report(run_dir: Path, figures: list[Path]) -> tuple[Path, Path]:
+    """Write report.html (self-contained) and report.md into run_dir; returns both paths.
+
+    `figures` are the files `playground.plots.plot_run` wrote (any formats); PNG or SVG
+    are embedded, other formats are named. Raises PlotError when run_dir has no rows."""
+    run_dir = Path(run_dir)
+    run = load_run(run_dir)
+    html_path, markdown_path = run_dir / HTML_REPORT, run_dir / MARKDOWN_REPORT
+    html_path.write_text(render_html(run, figures), encoding="utf-8")
+    markdown_path.write_text(render_markdown(run, figures, run_dir), encoding="utf-8")
+    return html_path, markdown_path
