@@ -4,7 +4,8 @@
         results.jsonl   one JSON object per measured cell, flushed and fsynced on write
         env.json        torch version, device, threads, git commit, GEMM throughput, ...
         spec.toml       the spec as it was when the run started (resume re-reads it)
-        summary.csv     derived from results.jsonl (playground.summary)
+        summary.csv     derived from results.jsonl (playground.summary): costs
+        accuracy.csv    derived too: accuracy per variant and task (when measured)
 
 Two runs never share a directory: it is created with `exist_ok=False`, and a clash
 (two runs in the same second) takes the next free suffix.
@@ -28,6 +29,7 @@ ROWS = "results.jsonl"
 ENV = "env.json"
 SPEC = "spec.toml"
 SUMMARY = "summary.csv"
+ACCURACY = "accuracy.csv"
 
 
 class RunStore:

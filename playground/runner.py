@@ -19,38 +19,53 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from playground.accuracy import measure_accuracy
 from playground.contract import AttentionVariant
 from playground.errors import PlaygroundError, UnsupportedFeature
 from playground.fidelity import measure_fidelity
 from playground.measure import gemm_flops_per_second, peak_memory_bytes, time_call
 from playground.registry import Registry
 from playground.results import ENV, SPEC, RunStore, environment
-from playground.spec import Spec, VariantRun
+from playground.spec import Spec, TaskRun, VariantRun
 
 BACKWARD_FLOPS_FACTOR = 3
 """forward + backward ≈ 3 × forward FLOPs (the backward computes two products per
 forward product: gradients of the inputs and of the weights)."""
 
 
+COST_MEASURES = ("speed", "memory", "fidelity")
+
+
 @dataclass(frozen=True)
 class Cell:
+    """One measurement: a variant point at one length and pass (cost), or trained on one
+    task over its seeds (accuracy)."""
+
     variant: VariantRun
-    seq_len: int
-    pass_name: str
+    seq_len: int | None = None
+    pass_name: str | None = None
+    task: TaskRun | None = None
 
     @property
     def id(self) -> str:
+        if self.task is not None:
+            return f"{self.variant.label}|task={self.task.label}"
         return f"{self.variant.label}|n={self.seq_len}|{self.pass_name}"
 
 
 def plan(spec: Spec) -> list[Cell]:
-    """The cells of a spec, variant by variant, short sequences first."""
-    return [
-        Cell(variant, n, pass_name)
-        for variant in spec.variants
-        for n in sorted(spec.seq_lens)
-        for pass_name in spec.passes
-    ]
+    """The cells of a spec, variant by variant: costs short sequences first, then tasks."""
+    cells = []
+    for variant in spec.variants:
+        if any(measure in spec.measures for measure in COST_MEASURES):
+            cells += [
+                Cell(variant, n, pass_name)
+                for n in sorted(spec.seq_lens)
+                for pass_name in spec.passes
+            ]
+        if "accuracy" in spec.measures:
+            cells += [Cell(variant, task=task) for task in spec.tasks]
+    return cells
 
 
 def check_device(device: str) -> None:
@@ -72,7 +87,10 @@ def _is_out_of_memory(error: BaseException) -> bool:
     )
 
 
-def _workload(module: AttentionVariant, tokens: torch.Tensor, pass_name: str) -> Callable[[], None]:
+def workload(module: AttentionVariant, tokens: torch.Tensor, pass_name: str) -> Callable[[], None]:
+    """The call that is timed and profiled for one pass. Each call leaves nothing behind
+    (forward+backward frees its gradients at the end), so every call, the profiled one
+    included, starts from the same memory state."""
     if pass_name == "forward":
         module.eval()
 
@@ -84,8 +102,8 @@ def _workload(module: AttentionVariant, tokens: torch.Tensor, pass_name: str) ->
     module.train()
 
     def forward_backward() -> None:
-        module.zero_grad(set_to_none=True)  # every call allocates the gradients anew
         module(tokens).output.sum().backward()
+        module.zero_grad(set_to_none=True)  # gradients held across calls would skew memory
 
     return forward_backward
 
@@ -99,6 +117,7 @@ class Runner:
         self.store = store
         self.console = console or Console()
         self.gemm_flops: float | None = None
+        self.progress: Progress | None = None
 
     def start(self, overrides: dict[str, Any] | None = None) -> None:
         """Record the environment and the spec, and measure the GEMM ceiling (once per
@@ -135,6 +154,7 @@ class Runner:
         )
         finished = 0
         with Progress(*columns, console=self.console, transient=False) as progress:
+            self.progress = progress  # accuracy cells add their training bars to it
             task = progress.add_task("cells", total=len(cells))
             try:
                 for cell in cells:
@@ -153,19 +173,31 @@ class Runner:
             "variant": cell.variant.name,
             "label": cell.variant.label,
             "options": cell.variant.options,
-            "seq_len": cell.seq_len,
-            "batch_size": spec.batch_size,
-            "d_model": spec.d_model,
-            "num_heads": spec.num_heads,
             "device": spec.device,
             "dtype": spec.dtype,
-            "pass": cell.pass_name,
             "status": "ok",
             "error": None,
         }
+        if cell.task is None:
+            row.update(
+                seq_len=cell.seq_len,
+                batch_size=spec.batch_size,
+                d_model=spec.d_model,
+                num_heads=spec.num_heads,
+                **{"pass": cell.pass_name},
+            )
+        else:
+            row.update(
+                task=cell.task.name,
+                task_label=cell.task.label,
+                task_options=cell.task.options,
+                d_model=cell.task.d_model,
+                num_heads=cell.task.num_heads,
+                num_layers=cell.task.num_layers,
+            )
         started = time.perf_counter()
         try:
-            row.update(self._measure(cell))
+            row.update(self._measure(cell) if cell.task is None else self._train(cell))
         except UnsupportedFeature as error:
             row.update(status="unsupported", error=str(error))
         except KeyboardInterrupt:
@@ -180,6 +212,25 @@ class Runner:
         row["wall_s"] = time.perf_counter() - started
         return row
 
+    def _train(self, cell: Cell) -> dict[str, Any]:
+        task = cell.task
+        assert task is not None
+        return measure_accuracy(
+            self.registry,
+            cell.variant.name,
+            cell.variant.options,
+            task.name,
+            task.options,
+            seeds=task.seeds,
+            steps=task.steps,
+            d_model=task.d_model,
+            num_heads=task.num_heads,
+            num_layers=task.num_layers,
+            device=self.spec.device,
+            dtype=self.spec.torch_dtype,
+            progress=self.progress,
+        )
+
     def _measure(self, cell: Cell) -> dict[str, Any]:
         spec = self.spec
         torch.manual_seed(spec.seed)
@@ -190,14 +241,14 @@ class Runner:
         tokens = torch.randn(spec.batch_size, cell.seq_len, spec.d_model, generator=generator).to(
             spec.device, spec.torch_dtype
         )
-        workload = _workload(module, tokens, cell.pass_name)
+        run_pass = workload(module, tokens, cell.pass_name)
         fields: dict[str, Any] = {}
         flops = spec.batch_size * module.count_flops(cell.seq_len, cell.seq_len)
         if cell.pass_name == "forward_backward":
             flops *= BACKWARD_FLOPS_FACTOR
         fields["flops"] = flops
         if "speed" in spec.measures:
-            timing = time_call(workload, spec.min_run_time)
+            timing = time_call(run_pass, spec.min_run_time)
             fields.update(
                 time_ms=timing.median_s * 1e3,
                 time_iqr_ms=timing.iqr_s * 1e3,
@@ -206,7 +257,7 @@ class Runner:
                 efficiency=flops / timing.median_s / self.gemm_flops,
             )
         if "memory" in spec.measures:
-            fields["peak_memory_bytes"] = peak_memory_bytes(workload, spec.device)
+            fields["peak_memory_bytes"] = peak_memory_bytes(run_pass, spec.device)
         if "fidelity" in spec.measures and cell.pass_name == spec.passes[0]:
             try:
                 fields.update(

@@ -76,6 +76,26 @@ class VariantRun:
 
 
 @dataclass(frozen=True)
+class TaskRun:
+    """One synthetic task to train every variant on (measure `accuracy`)."""
+
+    name: str
+    options: dict[str, Any]
+    label: str
+    """The task with its non-default options, e.g. `mqar(seq_len=128, num_pairs=8)`."""
+    seeds: tuple[int, ...] = (0, 1, 2)
+    steps: int | None = None
+    """Optimizer steps; None = the task's own default (its docstring says why)."""
+    d_model: int = 64
+    num_heads: int = 4
+    num_layers: int = 2
+
+
+TASK_SETTINGS = {"seeds": int, "steps": int, "d_model": int, "num_heads": int, "num_layers": int}
+"""Keys of a [[tasks]] table that set up training rather than the task itself."""
+
+
+@dataclass(frozen=True)
 class Spec:
     name: str
     path: Path
@@ -92,7 +112,7 @@ class Spec:
     measures: tuple[str, ...] = ("speed", "memory", "fidelity")
     seed: int = 0
     min_run_time: float = 0.2
-    tasks: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    tasks: tuple[TaskRun, ...] = ()
     variant_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The [options.NAME] tables: applied to NAME wherever it runs."""
 
@@ -248,6 +268,10 @@ def load_spec(path: str | Path, registry: Registry) -> Spec:
         variants.extend(expand_variant(name, options, registry, where))
     if "accuracy" in data.get("measures", []) and not data.get("tasks"):
         fail("tasks", "measures include 'accuracy' but no tasks are given")
+    tasks = tuple(
+        _task_run(entry, index, registry, path, data.get("seed", Spec.seed))
+        for index, entry in enumerate(data.get("tasks", []))
+    )
 
     return Spec(
         name=data["name"],
@@ -265,7 +289,7 @@ def load_spec(path: str | Path, registry: Registry) -> Spec:
         measures=tuple(data.get("measures", Spec.measures)),
         seed=data.get("seed", Spec.seed),
         min_run_time=float(timing.get("min_run_time", Spec.min_run_time)),
-        tasks=tuple(data.get("tasks", ())),
+        tasks=tasks,
         variant_options=overrides,
     )
 
@@ -291,6 +315,39 @@ def apply_overrides(spec: Spec, registry: Registry, overrides: dict[str, Any]) -
             )
         changes["variants"] = tuple(chosen)
     return dataclasses.replace(spec, **changes)
+
+
+def _task_run(entry: Any, index: int, registry: Registry, path: Path, seed: int) -> TaskRun:
+    """A [[tasks]] table: `name`, the task's own options, and the TASK_SETTINGS keys
+    (`seeds` is a count, starting at the spec's seed)."""
+    where = f"{path}: tasks[{index}]"
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        raise SpecError(f'{where}: each task needs a name, e.g. {{ name = "mqar" }}')
+    try:
+        task_cls = registry.get_task(entry["name"])
+    except PlaygroundError as error:
+        raise SpecError(f"{where}.name: {error}") from None
+    settings = {}
+    for key, expected in TASK_SETTINGS.items():
+        if key in entry:
+            if not _is_instance(entry[key], expected) or entry[key] < 1:
+                raise SpecError(f"{where}.{key}: must be a positive integer; got {entry[key]!r}")
+            settings[key] = entry[key]
+    options = {k: v for k, v in entry.items() if k != "name" and k not in TASK_SETTINGS}
+    try:
+        task = task_cls(**options)
+    except (PlaygroundError, ValueError, TypeError) as error:
+        raise SpecError(f"{where}: {error}") from None
+    d_model, num_heads = settings.get("d_model", 64), settings.get("num_heads", 4)
+    if d_model % num_heads:
+        raise SpecError(f"{where}.d_model: {d_model} is not divisible by num_heads = {num_heads}")
+    return TaskRun(
+        name=entry["name"],
+        options=options,
+        label=task.label,
+        seeds=tuple(range(seed, seed + settings.pop("seeds", 3))),
+        **settings,
+    )
 
 
 def _check_variant_name(name: str, registry: Registry, path: Path, key: str) -> None:

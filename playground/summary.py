@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from playground.measure import fit_exponent
-from playground.results import SUMMARY, RunStore
+from playground.results import ACCURACY, SUMMARY, RunStore
 
 BASELINE = "vanilla"
 
@@ -56,11 +56,16 @@ def exponents(rows: Iterable[dict[str, Any]]) -> tuple[float | None, float | Non
 def summarize(rows: list[dict[str, Any]]) -> list[Line]:
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in rows:
+        if "task" in row:
+            continue  # accuracy rows: accuracy_table()
         groups.setdefault((row["label"], row["pass"]), []).append(row)
     baseline = {
         (row["pass"], row["seq_len"]): row["time_ms"]
         for row in rows
-        if row["label"] == BASELINE and row["status"] == "ok" and row.get("time_ms")
+        if "task" not in row
+        and row["label"] == BASELINE
+        and row["status"] == "ok"
+        and row.get("time_ms")
     }
     lines = []
     for (label, pass_name), group in groups.items():
@@ -93,14 +98,44 @@ def summarize(rows: list[dict[str, Any]]) -> list[Line]:
     return lines
 
 
+ACCURACY_COLUMNS = (
+    "label",
+    "variant",
+    "task_label",
+    "status",
+    "accuracy_mean",
+    "accuracy_std",
+    "accuracy_per_seed",
+    "chance",
+    "steps",
+    "train_time_s",
+    "error",
+)
+
+
+def accuracy_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The accuracy rows, reduced to ACCURACY_COLUMNS, task by task."""
+    selected = [row for row in rows if "task" in row]
+    selected.sort(key=lambda row: row["task_label"])
+    return [{column: row.get(column) for column in ACCURACY_COLUMNS} for row in selected]
+
+
 def write_summary(store: RunStore) -> list[Line]:
-    """Derive summary.csv from results.jsonl (again: it is always recomputable)."""
-    lines = summarize(store.rows())
+    """Derive summary.csv (costs) and accuracy.csv (tasks) from results.jsonl (again:
+    they are always recomputable)."""
+    rows = store.rows()
+    lines = summarize(rows)
     with open(store.path(SUMMARY), "w", newline="", encoding="utf-8") as file:
         writer = csv.DictWriter(file, fieldnames=list(Line.__dataclass_fields__))
         writer.writeheader()
         for line in lines:
             writer.writerow(asdict(line))
+    accuracy = accuracy_rows(rows)
+    if accuracy:
+        with open(store.path(ACCURACY), "w", newline="", encoding="utf-8") as file:
+            writer = csv.DictWriter(file, fieldnames=list(ACCURACY_COLUMNS))
+            writer.writeheader()
+            writer.writerows(accuracy)
     return lines
 
 
@@ -108,7 +143,31 @@ def _format(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def print_accuracy(rows: list[dict[str, Any]], console: Console) -> None:
+    """variant × task: accuracy mean ± std over seeds, against chance."""
+    accuracy = accuracy_rows(rows)
+    if not accuracy:
+        return
+    table = Table(title="Accuracy on held-out examples (mean ± std over seeds)")
+    for column in ("task", "variant", "accuracy", "seeds", "chance", "train s/seed", "status"):
+        table.add_column(column)
+    for row in accuracy:
+        ok = row["status"] == "ok"
+        table.add_row(
+            row["task_label"],
+            row["label"],
+            f"{row['accuracy_mean']:.3f} ± {row['accuracy_std']:.3f}" if ok else "-",
+            ", ".join(f"{a:.3f}" for a in row["accuracy_per_seed"]) if ok else "-",
+            _format(row["chance"], ".3f"),
+            _format(row["train_time_s"], ".1f"),
+            row["status"] if ok else f"[red]{row['status']}[/red]: {row['error']}",
+        )
+    console.print(table)
+
+
 def print_summary(lines: list[Line], console: Console) -> None:
+    if not lines:
+        return
     table = Table(title="Summary (median time; peak memory above the inputs)")
     for column in (
         "variant",

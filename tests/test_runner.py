@@ -336,3 +336,58 @@ def test_cuda_run(spec_file, tmp_path, dtype):
     rows = store.rows()
     assert rows and all(r["status"] in ("ok", "unsupported") for r in rows), rows
     assert any(r["status"] == "ok" and r["peak_memory_bytes"] > 0 for r in rows)
+
+
+# --- accuracy cells ------------------------------------------------------------------
+ACCURACY_SPEC = """
+    name = "acc"
+    measures = ["accuracy"]
+
+    [[tasks]]
+    name = "lookback"
+    steps = 2
+    seeds = 2
+
+    [[variants]]
+    name = "vanilla"
+
+    [[variants]]
+    name = "linformer"
+    seq_len = 8
+    k = 4
+"""
+
+
+def test_accuracy_cells_record_per_seed_results_and_unsupported(spec_file, tmp_path):
+    registry = Registry.discover(entry_points=False)
+    spec = load_spec(spec_file(ACCURACY_SPEC), registry)
+    assert [cell.id for cell in plan(spec)] == [
+        "vanilla|task=lookback",
+        "linformer(k=4, seq_len=8)|task=lookback",
+    ]
+    store = RunStore.create(tmp_path, spec.name)
+    runner = Runner(spec, registry, store)
+    runner.start()
+    runner.run()
+    vanilla, linformer = store.rows()
+    assert vanilla["status"] == "ok" and len(vanilla["accuracy_per_seed"]) == 2
+    assert vanilla["seeds"] == [0, 1] and vanilla["steps"] == 2 and vanilla["chance"] > 0
+    # the task is longer than the 8 keys this Linformer was built for
+    assert linformer["status"] == "unsupported" and "seq_len" in linformer["error"]
+    write_summary(store)
+    assert store.path("accuracy.csv").read_text().count("lookback") == 2
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ('name = "mqr"', r"tasks\[0\]\.name: no task named 'mqr'; did you mean 'mqar'"),
+        ('name = "mqar"\nnum_pairs = "four"', r"tasks\[0\]: .*num_pairs"),
+        ('name = "mqar"\nseeds = 0', r"tasks\[0\]\.seeds: must be a positive integer"),
+        ('name = "mqar"\nd_model = 30\nnum_heads = 4', r"tasks\[0\]\.d_model: 30 is not divisible"),
+    ],
+)
+def test_task_tables_are_validated(spec_file, table, message):
+    body = f'name = "acc"\nmeasures = ["accuracy"]\n[[tasks]]\n{table}\n'
+    with pytest.raises(SpecError, match=message):
+        load_spec(spec_file(body), Registry.discover(entry_points=False))

@@ -1,1 +1,169 @@
-"""Synthetic tasks for accuracy comparisons (registered through `register_tasks`)."""
+"""Synthetic tasks for accuracy comparisons (registered through `register_tasks`).
+
+A task is a class with a name, a typed options dataclass and a deterministic generator; a
+plugin module registers it like a variant:
+
+    @playground.hookimpl
+    def register_tasks(register):
+        register(MyTask)
+
+Every task emits integer tokens with 0 reserved for padding, and either one label per
+token (`target = "token"`, −100 where nothing is asked) or one label per sequence
+(`target = "sequence"`). `split()` gives disjoint train and test sets from one seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import torch
+
+from playground.config import _coerce, field_types
+from playground.errors import ConfigError
+
+IGNORE = -100
+"""Label of a position that is not scored (PyTorch's cross-entropy `ignore_index`)."""
+PAD = 0
+"""Token id of padding in every task."""
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """Options every task has (none yet); a task's own options derive from this."""
+
+
+@dataclass(frozen=True)
+class TaskData:
+    """A batch of examples of one task."""
+
+    tokens: torch.Tensor
+    """(num_examples, seq_len) int64, PAD = 0 past each sequence's end."""
+    labels: torch.Tensor
+    """(num_examples, seq_len) int64 with IGNORE where unscored (per-token tasks), or
+    (num_examples,) int64 (sequence tasks)."""
+    attention_mask: torch.Tensor | None = None
+    """(num_examples, seq_len) bool, True = real token; None when nothing is padded."""
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def select(self, index: torch.Tensor) -> TaskData:
+        """The examples at `index` (a long or bool tensor over the first dimension)."""
+        mask = None if self.attention_mask is None else self.attention_mask[index]
+        return TaskData(self.tokens[index], self.labels[index], mask)
+
+
+def build_options(options_cls: type[TaskOptions], options: dict[str, Any], task: str) -> Any:
+    """Validate `options` against the task's dataclass; ConfigError names task and option."""
+    types_by_name = field_types(options_cls)  # type: ignore[arg-type]
+    unknown = sorted(set(options) - set(types_by_name))
+    if unknown:
+        raise ConfigError(
+            f"task {task!r} has no option {', '.join(repr(u) for u in unknown)}; valid "
+            f"options: {', '.join(types_by_name) or '(none)'}"
+        )
+    values = {}
+    for name, value in options.items():
+        try:
+            values[name] = _coerce(value, types_by_name[name])
+        except TypeError as error:
+            raise ConfigError(
+                f"option {name!r} of task {task!r} {error}; got {value!r} ({type(value).__name__})"
+            ) from None
+    try:
+        return options_cls(**values)
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"task {task!r}: {error}") from None
+
+
+class Task:
+    """Base class of a synthetic task. Subclasses set the class attributes and write
+    `generate`; `vocab_size`, `num_classes` and `seq_len` may depend on the options."""
+
+    name: ClassVar[str]
+    """Registry name, e.g. "mqar"."""
+    summary: ClassVar[str]
+    """One line: what the task asks."""
+    paper: ClassVar[str]
+    """Where the task comes from."""
+    Options: ClassVar[type[TaskOptions]] = TaskOptions
+    target: ClassVar[Literal["token", "sequence"]] = "token"
+    """One label per position ("token") or per sequence ("sequence")."""
+    needs_causal: ClassVar[bool] = False
+    """Whether the task must be run with `is_causal=True` (none of the shipped ones)."""
+    pads: ClassVar[bool] = False
+    """Whether sequences have different lengths (padding mask passed to attention)."""
+    default_steps: ClassVar[int] = 600
+    """Optimizer steps at default size (each task's docstring says why)."""
+    default_batch_size: ClassVar[int] = 32
+    default_learning_rate: ClassVar[float] = 3e-3
+    num_train: ClassVar[int] = 8192
+    """Training examples generated (sampled in shuffled epochs)."""
+    num_test: ClassVar[int] = 1024
+    """Held-out examples the accuracy is measured on."""
+
+    def __init__(self, **options: Any) -> None:
+        self.options = build_options(self.Options, options, self.name)
+
+    # --- what a model needs to know -------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def num_classes(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def seq_len(self) -> int:
+        """Length of every generated sequence (padded ones included)."""
+        raise NotImplementedError
+
+    @property
+    def chance(self) -> float:
+        """Accuracy of a uniform guess over the classes a scored position can take."""
+        return 1.0 / self.num_classes
+
+    @property
+    def label(self) -> str:
+        """The task with the options that differ from the defaults, e.g. `mqar(seq_len=128)`."""
+        defaults = self.Options()
+        changed = {
+            f.name: getattr(self.options, f.name)
+            for f in dataclasses.fields(self.options)
+            if getattr(self.options, f.name) != getattr(defaults, f.name)
+        }
+        if not changed:
+            return self.name
+        return f"{self.name}({', '.join(f'{k}={v}' for k, v in changed.items())})"
+
+    def generate(self, num_examples: int, seed: int) -> TaskData:
+        """`num_examples` examples, the same for the same seed on every machine."""
+        raise NotImplementedError
+
+    # --- splits -----------------------------------------------------------------
+    def split(
+        self, seed: int, num_train: int | None = None, num_test: int | None = None
+    ) -> tuple[TaskData, TaskData]:
+        """Train and test sets for `seed`, with no test example (tokens and labels) also in
+        train: the two come from different generator streams and any train example that
+        repeats a test one is dropped (the train set may therefore be slightly smaller)."""
+        num_train = self.num_train if num_train is None else num_train
+        num_test = self.num_test if num_test is None else num_test
+        test = self.generate(num_test, seed=2 * seed + 1)
+        train = self.generate(num_train, seed=2 * seed)
+        seen = set(example_fingerprints(test))
+        keep = torch.tensor([f not in seen for f in example_fingerprints(train)], dtype=torch.bool)
+        return train.select(keep), test
+
+
+def example_fingerprints(data: TaskData) -> list[bytes]:
+    """One digest per example of its tokens and labels (equal examples, equal digests)."""
+    labels = data.labels.reshape(len(data), -1)
+    return [
+        hashlib.blake2b(tokens.numpy().tobytes() + label.numpy().tobytes(), digest_size=16).digest()
+        for tokens, label in zip(data.tokens, labels, strict=True)
+    ]

@@ -1,0 +1,240 @@
+"""A tiny Transformer encoder whose attention is any registered variant.
+
+Vaswani et al. 2017, "Attention Is All You Need": token embedding scaled by √d_model
+(§3.4), sinusoidal positional encoding (§3.5), N layers of attention and a position-wise
+feed-forward network (§3.3), each wrapped in a residual connection with LayerNorm (§3.1).
+The LayerNorm sits before each sublayer (pre-LN, Xiong et al. 2020), which trains stably
+with the short warm-ups a CPU budget allows; a final LayerNorm follows the stack.
+
+Across layers the model shares what the papers share: T5's relative bias table is computed
+by the first layer and reused by all (Raffel et al. 2020 §2.1), and Linformer's
+`sharing="layerwise"` uses one projection for every layer (Wang et al. 2020 §4). Both are
+found generically, by the variant's `share_relative_bias_with` / `share_projections_with`
+methods, so a new variant with either method gets the same treatment.
+
+Heads: per-token classification (`target="token"`, logits at every position) or
+whole-sequence classification (`target="sequence"`) from the first position (a [CLS]
+token, made global for variants that take `global_attention_mask`) or from the mean over
+real tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from playground.config import build_config, field_types
+from playground.contract import AttentionVariant
+from playground.errors import ConfigError, UnsupportedFeature
+from playground.registry import Registry
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything that shapes a model; the variant's own options ride in `variant_options`."""
+
+    vocab_size: int
+    """Token ids are [0, vocab_size)."""
+    num_classes: int
+    """Outputs of the classification head."""
+    max_seq_len: int
+    """Longest sequence: sizes the positional table and Linformer's `seq_len` when unset."""
+    variant: str = "vanilla"
+    """Registered attention variant used in every layer."""
+    variant_options: dict[str, Any] = field(default_factory=dict)
+    """Options of that variant (as `playground.build` takes them)."""
+    d_model: int = 64
+    num_heads: int = 4
+    num_layers: int = 2
+    d_ff: int = 0
+    """Hidden width of the feed-forward network; 0 = 4 · d_model (§3.3)."""
+    dropout: float = 0.0
+    """Dropout on embeddings and sublayer outputs (paper 0.1; off for tiny, short runs)."""
+    positional_encoding: Literal["auto", "sinusoidal", "none"] = "auto"
+    """"auto": sinusoidal unless the variant encodes positions itself (a relative bias
+    that can be shared across layers, like T5's, replaces it, as in T5)."""
+    share_across_layers: bool = True
+    """Share T5's bias table across layers, and Linformer's projection when its
+    sharing="layerwise", as the papers do."""
+    target: Literal["token", "sequence"] = "token"
+    pooling: Literal["first", "mean"] = "first"
+    """Sequence target only: classify from position 0 ([CLS]) or from the mean of real tokens."""
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "num_classes", "max_seq_len", "d_model", "num_heads"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be a positive integer; got {getattr(self, name)}")
+        if self.num_layers < 1:
+            raise ConfigError(f"num_layers must be at least 1; got {self.num_layers}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"dropout must be in [0, 1); got {self.dropout}")
+
+
+class PositionalEncoding(nn.Module):
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(…) (Vaswani et al. §3.5),
+    added to the embeddings. A fixed buffer, not a parameter."""
+
+    def __init__(self, d_model: int, max_len: int) -> None:
+        super().__init__()
+        position = torch.arange(max_len, dtype=torch.float32)[:, None]  # (L, 1)
+        frequency = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
+        table = torch.zeros(max_len, d_model)  # (L, d_model)
+        table[:, 0::2] = torch.sin(position * frequency)
+        table[:, 1::2] = torch.cos(position * frequency[: d_model // 2])
+        self.register_buffer("table", table, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.table[: x.shape[1]].to(x.dtype)  # (B, L, d_model)
+
+
+class EncoderLayer(nn.Module):
+    """x + Attention(LN(x)), then x + FFN(LN(x)) (pre-LN form of §3.1)."""
+
+    def __init__(self, attention: AttentionVariant, config: ModelConfig) -> None:
+        super().__init__()
+        d_ff = config.d_ff or 4 * config.d_model
+        self.attention = attention
+        self.attention_norm = nn.LayerNorm(config.d_model)
+        self.feed_forward = nn.Sequential(
+            nn.Linear(config.d_model, d_ff), nn.GELU(), nn.Linear(d_ff, config.d_model)
+        )
+        self.feed_forward_norm = nn.LayerNorm(config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(
+        self, x: torch.Tensor, attention_mask: torch.Tensor | None, extra: dict[str, Any]
+    ) -> torch.Tensor:
+        mixed = self.attention(self.attention_norm(x), attention_mask=attention_mask, **extra)
+        x = x + self.dropout(mixed.output)  # (B, L, d_model)
+        return x + self.dropout(self.feed_forward(self.feed_forward_norm(x)))
+
+
+def variant_options_for(
+    registry: Registry, variant: str, options: dict[str, Any], max_seq_len: int
+) -> dict[str, Any]:
+    """The variant's options with a length-sized option (`seq_len`, Linformer's) set to the
+    task's length when the user left it unset. Where that length is invalid with the other
+    options (Linformer's default k = 256 slots for a 64-token task), the variant's own
+    default stays, which fits any shorter input."""
+    options = dict(options)
+    config_cls = registry.get(variant).Config
+    if "seq_len" in field_types(config_cls) and "seq_len" not in options:
+        try:
+            build_config(config_cls, {**options, "seq_len": max_seq_len}, variant)
+        except ConfigError:
+            return options
+        options["seq_len"] = max_seq_len
+    return options
+
+
+def _encodes_positions(attention: AttentionVariant) -> bool:
+    """Whether the variant carries position information of its own (a relative bias)."""
+    return hasattr(attention, "share_relative_bias_with")
+
+
+def share_across_layers(layers: list[AttentionVariant]) -> list[str]:
+    """Tie what the papers tie across a stack; returns what was shared, for the record."""
+    first, shared = layers[0], []
+    if hasattr(first, "share_relative_bias_with"):  # T5 §2.1: one bias table per stack
+        for layer in layers[1:]:
+            layer.share_relative_bias_with(first)  # type: ignore[operator]
+        shared.append("relative_bias")
+    sharing = getattr(first.config, "sharing", None)
+    if hasattr(first, "share_projections_with") and sharing == "layerwise":  # Linformer §4
+        for layer in layers[1:]:
+            layer.share_projections_with(first)  # type: ignore[operator]
+        shared.append("projections")
+    return shared
+
+
+class TransformerClassifier(nn.Module):
+    """Embedding → positional encoding → N encoder layers → LayerNorm → classifier."""
+
+    def __init__(self, config: ModelConfig, registry: Registry) -> None:
+        super().__init__()
+        self.config = config
+        options = variant_options_for(
+            registry, config.variant, config.variant_options, config.max_seq_len
+        )
+        attentions = [
+            registry.build(config.variant, config.d_model, config.num_heads, **options)
+            for _ in range(config.num_layers)
+        ]
+        first = attentions[0]
+        limit = first.capabilities.max_seq_len
+        if limit is not None and config.max_seq_len > limit:
+            raise UnsupportedFeature(
+                config.variant,
+                f"sequences of {config.max_seq_len} tokens (its limit is {limit})",
+                first.capabilities.max_seq_len_hint,
+            )
+        self.shared = share_across_layers(attentions) if config.share_across_layers else []
+        use_sinusoids = config.positional_encoding == "sinusoidal" or (
+            config.positional_encoding == "auto" and not _encodes_positions(first)
+        )
+        self.embedding = nn.Embedding(config.vocab_size, config.d_model)
+        # std d^-1/2, times √d in forward: unit-scale embeddings next to the unit-scale
+        # sinusoids (nn.Embedding's std 1 times √d would drown the positions).
+        nn.init.normal_(self.embedding.weight, std=config.d_model**-0.5)
+        self.positional_encoding = (
+            PositionalEncoding(config.d_model, config.max_seq_len) if use_sinusoids else None
+        )
+        self.embedding_dropout = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(EncoderLayer(a, config) for a in attentions)
+        self.final_norm = nn.LayerNorm(config.d_model)
+        self.head = nn.Linear(config.d_model, config.num_classes)
+        # A sequence classified from position 0 makes that position global where the
+        # variant has global attention (Longformer §3.1: [CLS] is global for classification).
+        self.global_first_token = (
+            config.target == "sequence"
+            and config.pooling == "first"
+            and "global_attention_mask" in first.forward_kwargs
+        )
+
+    @property
+    def attentions(self) -> list[AttentionVariant]:
+        return [layer.attention for layer in self.layers]
+
+    def forward(
+        self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """tokens (B, L) int64; attention_mask (B, L) bool, True = real token, or None.
+
+        Returns logits (B, L, num_classes) for a token target, (B, num_classes) for a
+        sequence target.
+        """
+        x = self.embedding(tokens) * math.sqrt(self.config.d_model)  # (B, L, d_model), §3.4
+        if self.positional_encoding is not None:
+            x = self.positional_encoding(x)
+        x = self.embedding_dropout(x)
+        extra: dict[str, Any] = {}
+        if self.global_first_token:
+            is_global = torch.zeros_like(tokens, dtype=torch.bool)  # (B, L)
+            is_global[:, 0] = True
+            extra["global_attention_mask"] = is_global
+        for layer in self.layers:
+            x = layer(x, attention_mask, extra)
+        x = self.final_norm(x)  # (B, L, d_model)
+        if self.config.target == "token":
+            return self.head(x)  # (B, L, C)
+        if self.config.pooling == "first":
+            return self.head(x[:, 0])  # (B, C)
+        if attention_mask is None:
+            return self.head(x.mean(dim=1))
+        weights = attention_mask.to(x.dtype)[..., None]  # (B, L, 1)
+        pooled = (x * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)  # (B, d_model)
+        return self.head(pooled)
+
+
+def describe(model: TransformerClassifier) -> dict[str, Any]:
+    """What a result row should say about the model."""
+    config = dataclasses.asdict(model.config)
+    config["parameters"] = sum(p.numel() for p in model.parameters())  # shared ones once
+    config["shared_across_layers"] = model.shared
+    config["positional_encoding_used"] = model.positional_encoding is not None
+    return config

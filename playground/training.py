@@ -1,0 +1,152 @@
+"""Training and evaluation of a classifier on a task's data, on a fixed step budget.
+
+AdamW (Loshchilov & Hutter 2019) with linear warm-up and cosine decay to zero (the
+schedule of most small Transformer recipes), gradient clipping at 1.0, batches drawn from
+shuffled epochs of the training set, cross-entropy over the scored positions only.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from rich.progress import Progress
+
+from playground.model import TransformerClassifier
+from playground.tasks import IGNORE, TaskData
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 600
+    """Optimizer steps (the whole budget; no early stopping)."""
+    batch_size: int = 32
+    learning_rate: float = 3e-3
+    """Peak learning rate, reached at the end of the warm-up."""
+    weight_decay: float = 0.01
+    """AdamW decoupled decay, on weight matrices only (not biases, norms, embeddings)."""
+    warmup_fraction: float = 0.1
+    """Share of the steps spent ramping the learning rate up linearly from 0."""
+    gradient_clip: float = 1.0
+    eval_batch_size: int = 256
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.batch_size < 1:
+            raise ValueError(
+                f"steps and batch_size must be positive; got {self.steps}, {self.batch_size}"
+            )
+        if not 0.0 <= self.warmup_fraction < 1.0:
+            raise ValueError(f"warmup_fraction must be in [0, 1); got {self.warmup_fraction}")
+
+
+@dataclass
+class TrainResult:
+    losses: list[float] = field(default_factory=list)
+    """Training loss at every step."""
+    train_time_s: float = 0.0
+    """Wall time of the optimisation steps (data generation and evaluation excluded)."""
+
+
+def learning_rate_factor(step: int, steps: int, warmup_fraction: float) -> float:
+    """Multiplier of the peak rate at `step`: linear warm-up, then cosine decay to 0."""
+    warmup = max(1, round(steps * warmup_fraction))
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def _parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    decay, no_decay = [], []
+    for name, parameter in model.named_parameters():  # a shared Parameter is listed once
+        is_matrix = parameter.dim() >= 2 and "embedding" not in name
+        (decay if is_matrix else no_decay).append(parameter)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def loss_of(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy; logits (B, L, C) with labels (B, L) (IGNORE skipped) or (B, C), (B,)."""
+    return F.cross_entropy(logits.flatten(0, -2), labels.flatten(), ignore_index=IGNORE)
+
+
+def _batch(data: TaskData, index: torch.Tensor, device: torch.device | str) -> tuple:
+    mask = None if data.attention_mask is None else data.attention_mask[index].to(device)
+    return data.tokens[index].to(device), data.labels[index].to(device), mask
+
+
+def train(
+    model: TransformerClassifier,
+    data: TaskData,
+    config: TrainConfig,
+    *,
+    seed: int,
+    device: torch.device | str = "cpu",
+    progress: Progress | None = None,
+    description: str = "training",
+) -> TrainResult:
+    """Run `config.steps` AdamW steps on `data`; batches are shuffled with `seed`."""
+    model.train()
+    optimizer = torch.optim.AdamW(
+        _parameter_groups(model, config.weight_decay), lr=config.learning_rate
+    )
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: learning_rate_factor(step, config.steps, config.warmup_fraction)
+    )
+    generator = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(data), generator=generator)
+    cursor, result = 0, TrainResult()
+    bar = None if progress is None else progress.add_task(description, total=config.steps)
+    started = time.perf_counter()
+    for _ in range(config.steps):
+        if cursor + config.batch_size > len(order):  # a new epoch, reshuffled
+            order, cursor = torch.randperm(len(data), generator=generator), 0
+        tokens, labels, mask = _batch(data, order[cursor : cursor + config.batch_size], device)
+        cursor += config.batch_size
+        loss = loss_of(model(tokens, mask), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.gradient_clip)
+        optimizer.step()
+        schedule.step()
+        result.losses.append(loss.item())
+        if bar is not None:
+            progress.update(bar, advance=1, description=f"{description} loss {loss.item():.3f}")
+    result.train_time_s = time.perf_counter() - started
+    if bar is not None:
+        progress.remove_task(bar)
+    return result
+
+
+@torch.no_grad()
+def evaluate(
+    model: TransformerClassifier,
+    data: TaskData,
+    *,
+    batch_size: int = 256,
+    device: torch.device | str = "cpu",
+) -> float:
+    """Accuracy over the scored positions (per-token) or the sequences of `data`."""
+    model.eval()
+    correct, total = 0, 0
+    for start in range(0, len(data), batch_size):
+        index = torch.arange(start, min(start + batch_size, len(data)))
+        tokens, labels, mask = _batch(data, index, device)
+        predictions = model(tokens, mask).argmax(dim=-1)  # (B, L) or (B,)
+        scored = labels != IGNORE
+        correct += int((predictions == labels)[scored].sum())
+        total += int(scored.sum())
+    return correct / max(total, 1)
+
+
+def majority_rate(data: TaskData) -> float:
+    """Accuracy of always answering the most frequent label of `data` (a baseline)."""
+    labels = data.labels[data.labels != IGNORE]
+    if labels.numel() == 0:
+        return 0.0
+    return int(labels.bincount().max()) / labels.numel()

@@ -1,0 +1,151 @@
+"""The tiny Transformer: builds with every registered variant, shares what the papers
+share (the very same Parameter objects), makes [CLS] global for Longformer, and refuses
+what a variant cannot do."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from playground.accuracy import check_task_support
+from playground.errors import UnsupportedFeature
+from playground.model import ModelConfig, TransformerClassifier
+from playground.registry import Registry
+from playground.tasks.positional import Lookback
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread (and do not fight a busy machine for two)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _config(variant: str, **changes: Any) -> ModelConfig:
+    settings: dict[str, Any] = dict(
+        vocab_size=12,
+        num_classes=5,
+        max_seq_len=16,
+        variant=variant,
+        d_model=16,
+        num_heads=2,
+        num_layers=3,
+    )
+    settings.update(changes)
+    return ModelConfig(**settings)
+
+
+def test_builds_and_runs_with_every_registered_variant(bundled_registry: Registry) -> None:
+    tokens = torch.randint(1, 12, (2, 16))
+    mask = torch.ones(2, 16, dtype=torch.bool)
+    mask[1, 10:] = False
+    for variant in bundled_registry.names():
+        per_token = TransformerClassifier(_config(variant), bundled_registry)
+        assert per_token(tokens).shape == (2, 16, 5), variant
+        sequence = TransformerClassifier(_config(variant, target="sequence"), bundled_registry)
+        logits = sequence(tokens, mask)
+        assert logits.shape == (2, 5) and torch.isfinite(logits).all(), variant
+
+
+def test_padding_changes_nothing_for_real_tokens(bundled_registry: Registry) -> None:
+    torch.manual_seed(0)
+    model = TransformerClassifier(_config("vanilla"), bundled_registry).eval()
+    tokens = torch.randint(1, 12, (1, 16))
+    mask = torch.ones(1, 16, dtype=torch.bool)
+    mask[0, 12:] = False
+    changed = tokens.clone()
+    changed[0, 12:] = 0
+    assert torch.allclose(model(tokens, mask)[0, :12], model(changed, mask)[0, :12], atol=1e-6)
+    assert not torch.allclose(model(tokens)[0, :12], model(changed)[0, :12], atol=1e-4)
+
+
+def test_t5_bias_table_is_one_parameter_for_all_layers(bundled_registry: Registry) -> None:
+    model = TransformerClassifier(_config("t5_relative"), bundled_registry)
+    tables = [a.relative_attention_bias.weight for a in model.attentions]
+    assert all(table is tables[0] for table in tables)
+    assert model.shared == ["relative_bias"]
+    assert model.positional_encoding is None  # the relative bias replaces the sinusoids
+    named = [n for n, _ in model.named_parameters() if "relative_attention_bias" in n]
+    assert len(named) == 1  # counted (and optimised) once
+
+
+def test_t5_bias_is_not_shared_when_asked_not_to(bundled_registry: Registry) -> None:
+    model = TransformerClassifier(
+        _config("t5_relative", share_across_layers=False), bundled_registry
+    )
+    first, second = (a.relative_attention_bias.weight for a in model.attentions[:2])
+    assert first is not second
+
+
+def test_linformer_layerwise_sharing_shares_one_projection(bundled_registry: Registry) -> None:
+    layerwise = TransformerClassifier(
+        _config("linformer", variant_options={"k": 4, "sharing": "layerwise"}), bundled_registry
+    )
+    projections = [(a.E, a.F) for a in layerwise.attentions]
+    assert all(E is projections[0][0] and F is projections[0][0] for E, F in projections)
+    assert layerwise.shared == ["projections"]
+    headwise = TransformerClassifier(
+        _config("linformer", variant_options={"k": 4}), bundled_registry
+    )
+    assert headwise.attentions[0].E is not headwise.attentions[1].E
+    assert headwise.shared == []
+
+
+def test_linformer_seq_len_follows_the_task_unless_set(bundled_registry: Registry) -> None:
+    model = TransformerClassifier(_config("linformer", variant_options={"k": 4}), bundled_registry)
+    assert model.attentions[0].config.seq_len == 16
+    with pytest.raises(UnsupportedFeature, match="seq_len"):
+        TransformerClassifier(
+            _config("linformer", variant_options={"k": 4, "seq_len": 8}), bundled_registry
+        )
+
+
+def test_sinusoids_are_on_for_variants_without_their_own_positions(
+    bundled_registry: Registry,
+) -> None:
+    assert TransformerClassifier(_config("vanilla"), bundled_registry).positional_encoding
+    forced = TransformerClassifier(
+        _config("t5_relative", positional_encoding="sinusoidal"), bundled_registry
+    )
+    assert forced.positional_encoding is not None
+
+
+def test_longformer_makes_the_classification_token_global(bundled_registry: Registry) -> None:
+    model = TransformerClassifier(
+        _config("longformer", target="sequence", variant_options={"attention_window": 2}),
+        bundled_registry,
+    )
+    seen: list[torch.Tensor | None] = []
+
+    def spy(module, args, kwargs):
+        seen.append(kwargs.get("global_attention_mask"))
+
+    for attention in model.attentions:
+        attention.register_forward_pre_hook(spy, with_kwargs=True)
+    model(torch.randint(1, 12, (2, 16)))
+    assert len(seen) == 3
+    for mask in seen:
+        assert mask is not None and mask[:, 0].all() and not mask[:, 1:].any()
+    # With a window of 1 each side, [CLS] reaches token 15 only because it is global.
+    tokens = torch.randint(1, 12, (1, 16))
+    changed = tokens.clone()
+    changed[0, 15] = (changed[0, 15] % 11) + 1
+    assert not torch.allclose(model(tokens), model(changed))
+    per_token = TransformerClassifier(_config("longformer"), bundled_registry)
+    assert not per_token.global_first_token  # only sequence classification asks for it
+
+
+def test_a_task_needing_what_a_variant_lacks_is_unsupported(
+    bundled_registry: Registry,
+) -> None:
+    class CausalLookback(Lookback):
+        name = "causal_lookback"
+        needs_causal = True
+
+    check_task_support(bundled_registry, "vanilla", CausalLookback())
+    with pytest.raises(UnsupportedFeature, match="causal"):
+        check_task_support(bundled_registry, "linformer", CausalLookback())
