@@ -1,30 +1,205 @@
-"""nox sessions. The environments reuse the interpreter's site-packages, so PyTorch (a
-multi-GB install) comes from the environment nox runs in and is never reinstalled: install
-torch and `pip install -e ".[dev]"` once (see README), then sessions start in seconds."""
+"""nox sessions: the tests, lint, one session per variant, the benchmark suite and its
+regression gate, the main comparison and its figures.
+
+    nox -l                                   every session
+    nox                                      tests and lint (what CI checks)
+    nox -t variants                          every plugin: contract suite, quick run, plots
+    nox -s "variant(name='vanilla')"         one of them (a new plugins/NAME.py adds one)
+    nox -s bench                             save a benchmark run to .benchmarks/: a baseline
+    nox -s bench_compare                     fail on a slower median or any memory growth
+    nox -s compare plots                     the main job (`playground compare`), its figures
+
+Environment: every session runs in the environment that runs nox (`venv_backend="none"`),
+the one where the README has you install torch and `pip install -e ".[dev]"`. PyTorch is a
+multi-GB install, and the alternatives all pay for it again:
+- a virtualenv with `--system-site-packages` sees the *base* interpreter's packages, not
+  those of the virtualenv nox is installed in (the usual case), so torch is missing there
+  and every new session (one per variant) would install it;
+- `reuse_venv` keeps that cost to once per session, but there is one session per plugin;
+- the uv backend links torch from uv's cache quickly, but needs uv, and still builds an
+  environment per session.
+With nothing to create or install, a session starts in the time nox takes to start: a
+repeated `nox -s "variant(name='vanilla')"` started `playground check` 0.2-0.6 s after
+launch, on 2 CPU cores shared with other jobs. What it gives up is isolation: sessions
+run the installed (editable) checkout, which is the code a researcher is editing. Run
+nox as `python -m nox` with that environment's python if nox is installed elsewhere.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import nox
 
-nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["tests"]
+ROOT = Path(__file__).resolve().parent
+PYTHON = sys.executable
+PLAYGROUND = str(Path(PYTHON).parent / "playground")  # the console script users run
 
-VENV = {"venv_params": ["--system-site-packages"], "reuse_venv": True}
+VARIANT_FILES = sorted(
+    path.stem for path in (ROOT / "plugins").glob("*.py") if not path.name.startswith("_")
+)
+"""One session per plugin file; a scaffolded plugin's registered name is its file stem."""
+
+BENCH_SEQ_LENS = "512,1024,2048"
+BENCH_TESTS = "tests/benchmarks/test_attention_benchmarks.py"
+BENCH_STORAGE = ".benchmarks"
+BENCH_CANDIDATE = "results/benchmarks/bench_compare.json"
+MEDIAN_REGRESSION_PERCENT = int(os.environ.get("PLAYGROUND_BENCH_FAIL_PERCENT", "700"))
+"""bench_compare fails when a benchmark's median is more than this much slower than the
+baseline. The default comes from measured noise on the machine this was written on (2 CPU
+cores shared with other jobs, load average 5-6): over six back-to-back runs of unchanged
+code, the largest slow-down of a median from one run to the next was +629% (median over
+the 24 benchmarks: +75%), so 700 is the tightest threshold that stayed quiet there. On a
+quieter machine measure your own: `nox -s bench` three to five times, then
+`python -m playground.bench_history --noise`, and set PLAYGROUND_BENCH_FAIL_PERCENT just
+above the largest step it prints."""
+
+nox.options.sessions = ["tests", "lint"]
+ENVIRONMENT = {"venv_backend": "none"}
 
 
-def install_project(session: nox.Session) -> None:
-    try:
-        session.run("python", "-c", "import torch", silent=True)
-    except nox.command.CommandFailed:
+def require_installed(session: nox.Session) -> None:
+    """Fail early, saying what to do, when nox runs outside the project's environment."""
+    missing = [name for name in ("torch", "playground") if importlib.util.find_spec(name) is None]
+    if missing or not Path(PLAYGROUND).is_file():
         session.error(
-            "PyTorch is not importable: install the build for your platform in the "
-            "environment that runs nox (the CPU build is enough), e.g. `pip install torch`"
+            f"{', '.join(missing) or 'the playground command'} not installed for {PYTHON}. "
+            f"Sessions run in the environment that runs nox: install torch and "
+            f'`pip install -e ".[dev]"` there (README), or run `python -m nox` with the '
+            f"python of the environment that has them."
         )
-    session.install("-e", ".[dev]")
 
 
-@nox.session(**VENV)
+def newest_run(experiment_results: Path) -> Path | None:
+    """The newest run directory in results/<experiment>/ (their names are timestamps)."""
+    runs = sorted(path.parent for path in experiment_results.glob("*/results.jsonl"))
+    return runs[-1] if runs else None
+
+
+def plot_run(session: nox.Session, run_dir: Path) -> None:
+    """`playground plot RUN_DIR`, or a note when this checkout has no plot command yet."""
+    probe = subprocess.run([PLAYGROUND, "plot", "--help"], capture_output=True, check=False)
+    if probe.returncode != 0:
+        session.warn(f"`playground plot` is not available; no figures for {run_dir}")
+        return
+    session.run(PLAYGROUND, "plot", str(run_dir))
+
+
+@nox.session(**ENVIRONMENT)
 def tests(session: nox.Session) -> None:
-    """The whole test suite (the README's test command)."""
-    install_project(session)
-    session.run("python", "-m", "pytest", "-q", *session.posargs)
+    """The whole test suite (the README's command); benchmarks run as a smoke test."""
+    require_installed(session)
+    session.run(PYTHON, "-m", "pytest", "-q", *session.posargs)
+
+
+@nox.session(**ENVIRONMENT)
+def lint(session: nox.Session) -> None:
+    """ruff: lint and formatting, with the settings in pyproject.toml."""
+    ruff = Path(PYTHON).parent / "ruff"
+    if not ruff.is_file():
+        session.error(f'ruff is not installed for {PYTHON}: pip install -e ".[dev]"')
+    session.run(str(ruff), "check", ".")
+    session.run(str(ruff), "format", "--check", ".")
+
+
+@nox.session(tags=["variants"], **ENVIRONMENT)
+@nox.parametrize("name", VARIANT_FILES)
+def variant(session: nox.Session, name: str) -> None:
+    """One plugin: its contract suite, quick benchmark and figures.
+
+    `-- --seq-lens 256,512` changes the benchmark's lengths."""
+    require_installed(session)
+    session.run(PLAYGROUND, "check", name)
+    out = ROOT / "results" / "variants" / name
+    before = set(out.glob("*/*"))
+    session.run(PLAYGROUND, "run", "quick", "--variants", name, "--out", str(out), *session.posargs)
+    created = sorted(set(out.glob("*/*")) - before)
+    if len(created) != 1:
+        session.error(f"expected one new run directory under {out}; found {created}")
+    plot_run(session, created[0])
+
+
+def _bench_command(*extra: str) -> list[str]:
+    return [
+        PYTHON,
+        "-m",
+        "pytest",
+        BENCH_TESTS,
+        "--bench-seq-lens",
+        BENCH_SEQ_LENS,
+        "--benchmark-enable",  # in case the project's pytest options disable benchmarks
+        f"--benchmark-storage=file://{ROOT / BENCH_STORAGE}",
+        *extra,
+    ]
+
+
+@nox.session(tags=["bench"], **ENVIRONMENT)
+def bench(session: nox.Session) -> None:
+    """Save a benchmark run at real sizes to .benchmarks/: bench_compare's baseline."""
+    require_installed(session)
+    session.run(*_bench_command("--benchmark-autosave", *session.posargs))
+
+
+@nox.session(tags=["bench"], **ENVIRONMENT)
+def bench_compare(session: nox.Session) -> None:
+    """Fail on a regression against the last saved run: slower median, or more memory.
+
+    A median more than MEDIAN_REGRESSION_PERCENT slower fails (pytest-benchmark's
+    --benchmark-compare-fail), and so does any growth of peak memory (memory_gate.py).
+    Nothing is saved to .benchmarks/, so the baseline stays the one `nox -s bench`
+    recorded, however often this runs."""
+    require_installed(session)
+    candidate = ROOT / BENCH_CANDIDATE
+    candidate.parent.mkdir(parents=True, exist_ok=True)
+    candidate.unlink(missing_ok=True)
+    try:
+        session.run(
+            *_bench_command(
+                "--benchmark-compare",
+                f"--benchmark-compare-fail=median:{MEDIAN_REGRESSION_PERCENT}%",
+                f"--benchmark-json={candidate}",
+                *session.posargs,
+            )
+        )
+    finally:  # the memory verdict is wanted even when the timing gate has failed
+        if candidate.is_file():
+            session.run(
+                PYTHON,
+                "tests/benchmarks/memory_gate.py",
+                BENCH_STORAGE,
+                "--candidate",
+                str(candidate),
+            )
+
+
+@nox.session(**ENVIRONMENT)
+def compare(session: nox.Session) -> None:
+    """The main job: `playground compare` (the quick spec over every variant)."""
+    require_installed(session)
+    session.run(PLAYGROUND, "compare", *session.posargs)
+
+
+@nox.session(**ENVIRONMENT)
+def plots(session: nox.Session) -> None:
+    """Figures of the newest `playground compare` run and of the benchmark history."""
+    require_installed(session)
+    run_dir = newest_run(ROOT / "results" / "quick")
+    if run_dir is None:
+        session.warn("no run under results/quick/: run `nox -s compare` first")
+    else:
+        plot_run(session, run_dir)
+    if any((ROOT / BENCH_STORAGE).rglob("*.json")):
+        session.run(
+            PYTHON,
+            "-m",
+            "playground.bench_history",
+            BENCH_STORAGE,
+            "--out",
+            "results/benchmarks/bench_history.png",
+        )
+    else:
+        session.warn("no saved benchmark runs in .benchmarks/: run `nox -s bench` first")

@@ -4,6 +4,8 @@
     playground run SPEC [--device cpu|cuda] [--variants a,b] [--seq-lens ...] [--out DIR]
     playground run --resume RUN_DIR
     playground compare [--device ...]           the main job: experiments/quick.toml
+    playground new NAME [--from VARIANT] [--dir DIR]   scaffold plugins/NAME.py
+    playground plot RUN_DIR [--out DIR] [--format png|svg|pdf] | --benchmarks
 
 Every command takes `--help`; `--plugins-dir` may also follow the command.
 """
@@ -23,11 +25,13 @@ from playground import registry as registry_module
 from playground.config import describe_options
 from playground.contract import flops_exponent
 from playground.errors import PlaygroundError
+from playground.plots import FORMATS, plot_run
 from playground.registry import Registry, bundled_dir
+from playground.report import write_report
 from playground.results import RunStore
 from playground.runner import Runner, check_device, plan
 from playground.spec import apply_overrides, load_spec
-from playground.summary import print_summary, write_summary
+from playground.summary import print_accuracy, print_summary, write_summary
 
 # Piped output (CI logs, files) gets wide tables instead of rich's 80-column default.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
@@ -153,6 +157,9 @@ def _execute(registry: Registry, store: RunStore, spec, overrides: dict) -> int:
     count, completed = runner.run()
     lines = write_summary(store)
     print_summary(lines, console)
+    print_accuracy(store.rows(), console)
+    if store.rows():
+        _plot_and_report(registry, store.directory, None, ("png",))
     if not completed:
         console.print(
             f"[yellow]interrupted[/yellow] after {count} new cells; every finished row is in "
@@ -203,6 +210,49 @@ def command_compare(registry: Registry, arguments: argparse.Namespace) -> int:
     spec = apply_overrides(load_spec("quick", registry), registry, overrides)
     check_device(spec.device)
     return _execute(registry, RunStore.create(arguments.out, spec.name), spec, overrides)
+
+
+def _plot_and_report(
+    registry: Registry, run_dir: Path, out: Path | None, formats: Sequence[str]
+) -> None:
+    figures = plot_run(run_dir, out, formats, registry=registry)
+    html, markdown = write_report(run_dir, figures)
+    console.print(f"{len(figures)} figures in {figures[0].parent if figures else run_dir}")
+    console.print(f"report: {html} (and {markdown.name})")
+
+
+def command_plot(registry: Registry, arguments: argparse.Namespace) -> int:
+    if arguments.benchmarks:
+        from playground.bench_history import plot_history
+
+        out = Path(arguments.out or "bench_history.png")
+        console.print(f"wrote {plot_history(Path(arguments.run_dir or '.benchmarks'), out)}")
+        return 0
+    if not arguments.run_dir:
+        raise PlaygroundError(
+            "give a run directory (results/<experiment>/<timestamp>/), or --benchmarks"
+        )
+    _plot_and_report(
+        registry,
+        Path(arguments.run_dir),
+        Path(arguments.out) if arguments.out else None,
+        [arguments.format],
+    )
+    return 0
+
+
+def command_new(registry: Registry, arguments: argparse.Namespace) -> int:
+    from playground.scaffold import create_variant
+
+    scaffold = create_variant(arguments.name, registry, arguments.dir, arguments.copy_from)
+    console.print(
+        f"wrote {_short(str(scaffold.path))}: class {scaffold.class_name}, registered as "
+        f"{scaffold.name!r}. Next:",
+        markup=False,
+    )
+    for command, purpose in scaffold.next_steps():
+        console.print(f"  {command:<44} {purpose}", markup=False)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -261,6 +311,34 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="RUN_DIR", help="run only the cells RUN_DIR lacks")
     run.set_defaults(handler=command_run)
     compare.set_defaults(handler=command_compare)
+
+    new = commands.add_parser(
+        "new", parents=[common], help="scaffold plugins/NAME.py: a variant that passes the suite"
+    )
+    new.add_argument("name", metavar="NAME", help="lower-case identifier; the file is NAME.py")
+    new.add_argument(
+        "--from",
+        dest="copy_from",
+        metavar="VARIANT",
+        help="copy this registered variant's file, renamed (default: the readable template)",
+    )
+    new.add_argument("--dir", metavar="DIR", help="write DIR/NAME.py instead of plugins/")
+    new.set_defaults(handler=command_new)
+
+    plot = commands.add_parser(
+        "plot", parents=[common], help="figures and report.html of a run (or benchmark history)"
+    )
+    plot.add_argument(
+        "run_dir", nargs="?", metavar="RUN_DIR", help="results/<experiment>/<timestamp>"
+    )
+    plot.add_argument("--out", metavar="DIR", help="where figures go (default: RUN_DIR/figures)")
+    plot.add_argument("--format", choices=FORMATS, default="png", help="figure format")
+    plot.add_argument(
+        "--benchmarks",
+        action="store_true",
+        help="plot the history of saved pytest-benchmark runs (RUN_DIR defaults to .benchmarks)",
+    )
+    plot.set_defaults(handler=command_plot)
     return parser
 
 

@@ -1,0 +1,209 @@
+"""The history of saved pytest-benchmark runs (`nox -s bench` saves one per call into
+`.benchmarks/<machine>/NNNN_<commit>_<date>.json`): reading them, and a figure of every
+variant's median time across runs.
+
+    plot_history(".benchmarks", "bench_history.png") -> Path
+    python -m playground.bench_history [.benchmarks] [--out bench_history.png]
+    python -m playground.bench_history [.benchmarks] --noise
+
+`--noise` prints, per benchmark, the largest slow-down of its median from one saved run
+to the next: save a few runs of unchanged code (`nox -s bench` three to five times) and
+it tells how large a `--benchmark-compare-fail=median:N%` threshold must be on this
+machine to stay quiet when nothing changed.
+
+Only benchmarks of tests/benchmarks (those whose `extra_info` names a variant, a sequence
+length and a pass) are drawn; anything else saved in the same storage is ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from playground.errors import PlaygroundError
+from playground.plots import variant_colour
+
+PASS_TITLES = {"forward": "forward", "forward_backward": "forward + backward"}
+
+
+@dataclass(frozen=True)
+class SavedRun:
+    """One saved pytest-benchmark JSON file."""
+
+    path: Path
+    saved_at: str
+    """ISO date and time of the run (pytest-benchmark's `datetime`)."""
+    commit: str
+    """Short commit id, with `*` when the working tree had uncommitted changes."""
+    machine_info: dict[str, Any]
+    benchmarks: list[dict[str, Any]]
+
+    @property
+    def label(self) -> str:
+        """`0003 1a2b3c4*`: the storage's run number and the commit."""
+        return f"{self.path.name.split('_', 1)[0]} {self.commit}"
+
+    def attention_benchmarks(self) -> list[dict[str, Any]]:
+        """The benchmarks of tests/benchmarks: those with variant, seq_len and pass."""
+        keys = ("variant", "seq_len", "pass_name")
+        return [b for b in self.benchmarks if all(k in b.get("extra_info", {}) for k in keys)]
+
+
+def read_saved_run(path: Path) -> SavedRun:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        commit = data.get("commit_info", {})
+        return SavedRun(
+            path=path,
+            saved_at=data["datetime"],
+            commit=str(commit.get("id") or "unknown")[:7] + ("*" if commit.get("dirty") else ""),
+            machine_info=data.get("machine_info", {}),
+            benchmarks=data["benchmarks"],
+        )
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise PlaygroundError(
+            f"{path} is not a saved pytest-benchmark run ({type(error).__name__}: {error}); "
+            f"move it out of the benchmark storage"
+        ) from None
+
+
+def load_saved_runs(benchmark_dir: str | os.PathLike[str]) -> list[SavedRun]:
+    """Every saved run of tests/benchmarks under `benchmark_dir`, oldest first (runs of
+    other suites saved in the same storage are skipped)."""
+    directory = Path(benchmark_dir)
+    if not directory.is_dir():
+        raise PlaygroundError(
+            f"no benchmark storage at {directory}: save runs with `nox -s bench` (or "
+            f"`pytest tests/benchmarks --bench-seq-lens 512,1024 --benchmark-autosave`)"
+        )
+    runs = [read_saved_run(path) for path in directory.rglob("*.json")]
+    runs = [run for run in runs if run.attention_benchmarks()]
+    return sorted(runs, key=lambda run: (run.saved_at, run.path.name))
+
+
+def _median_ms(
+    runs: Sequence[SavedRun],
+) -> dict[tuple[str, int], dict[str, list[tuple[int, float]]]]:
+    """(pass, seq_len) -> variant -> [(run index, median ms)]."""
+    panels: dict[tuple[str, int], dict[str, list[tuple[int, float]]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    for index, run in enumerate(runs):
+        for benchmark in run.attention_benchmarks():
+            info = benchmark["extra_info"]
+            label = benchmark.get("params", {}).get("variant", info["variant"])
+            median_ms = benchmark["stats"]["median"] * 1e3
+            panels[(info["pass_name"], int(info["seq_len"]))][label].append((index, median_ms))
+    return panels
+
+
+def median_steps(runs: Sequence[SavedRun]) -> dict[str, float]:
+    """Per benchmark, the largest relative increase of its median from one saved run to
+    the next (0.25 = 25 % slower); benchmarks saved in fewer than two runs are left out."""
+    medians: dict[str, list[float]] = defaultdict(list)
+    for run in runs:
+        for benchmark in run.attention_benchmarks():
+            medians[benchmark["name"]].append(benchmark["stats"]["median"])
+    return {
+        name: max(after / before - 1 for before, after in pairwise(values))
+        for name, values in medians.items()
+        if len(values) >= 2
+    }
+
+
+def print_noise(runs: Sequence[SavedRun]) -> None:
+    steps = median_steps(runs)
+    if not steps:
+        raise PlaygroundError("the noise needs at least two saved runs of the same benchmarks")
+    for name, step in sorted(steps.items(), key=lambda item: -item[1]):
+        print(f"{step:+8.0%}  {name}")
+    ordered = sorted(steps.values())
+    worst_name = max(steps, key=steps.__getitem__)
+    print(
+        f"largest step between consecutive runs ({len(runs)} runs, {len(steps)} benchmarks): "
+        f"{ordered[-1]:+.0%} ({worst_name}); median over benchmarks {ordered[len(ordered) // 2]:+.0%}. "
+        f"A median threshold above the largest step would not have failed on these runs."
+    )
+
+
+def plot_history(benchmark_dir: str | os.PathLike[str], out_path: str | os.PathLike[str]) -> Path:
+    """Draw the median time of every variant across the saved runs: one panel per pass
+    (rows) and sequence length (columns), runs in the order they were saved."""
+    runs = load_saved_runs(benchmark_dir)
+    panels = _median_ms(runs)
+    if not panels:
+        raise PlaygroundError(
+            f"{benchmark_dir} holds no saved run of the attention benchmarks; save some "
+            f"with `nox -s bench`"
+        )
+    passes = [p for p in PASS_TITLES if any(key[0] == p for key in panels)]
+    seq_lens = sorted({key[1] for key in panels})
+    figure = Figure(
+        figsize=(2.0 + 4.2 * len(seq_lens), 1.2 + 3.4 * len(passes)), dpi=120, layout="constrained"
+    )
+    grid = figure.subplots(len(passes), len(seq_lens), squeeze=False, sharex=True)
+    for row, pass_name in enumerate(passes):
+        for column, seq_len in enumerate(seq_lens):
+            axes = grid[row][column]
+            for variant, points in sorted(panels.get((pass_name, seq_len), {}).items()):
+                xs, ys = zip(*points, strict=True)
+                axes.plot(xs, ys, marker="o", label=variant, color=variant_colour(variant))
+            axes.set_yscale("log")
+            axes.set_title(f"{PASS_TITLES[pass_name]}, n = {seq_len}", fontsize=10)
+            axes.grid(True, which="both", alpha=0.3)
+            if column == 0:
+                axes.set_ylabel("median time (ms)")
+            if row == len(passes) - 1:
+                axes.set_xticks(range(len(runs)), [run.label for run in runs], rotation=60)
+                axes.tick_params(axis="x", labelsize=7)
+    handles = {}  # one legend entry per variant, whichever panels it appears in
+    for axes in grid.flat:
+        for handle, label in zip(*axes.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    figure.legend(handles.values(), handles.keys(), loc="outside right upper", fontsize=8)
+    machines = sorted({run.path.parent.name for run in runs})
+    figure.suptitle(f"Benchmark history ({len(runs)} saved runs; {', '.join(machines)})")
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m playground.bench_history",
+        description="Plot the median time of every variant across saved benchmark runs, "
+        "or (--noise) measure how much medians move between runs.",
+    )
+    parser.add_argument("benchmark_dir", nargs="?", default=".benchmarks", help="storage")
+    parser.add_argument("--out", default="bench_history.png", help="figure file to write")
+    parser.add_argument(
+        "--noise",
+        action="store_true",
+        help="print each benchmark's largest median slow-down between consecutive runs",
+    )
+    arguments = parser.parse_args(argv)
+    try:
+        if arguments.noise:
+            print_noise(load_saved_runs(arguments.benchmark_dir))
+            return 0
+        path = plot_history(arguments.benchmark_dir, arguments.out)
+    except PlaygroundError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Attention benchmarks (pytest-benchmark): every registered variant × sequence length ×
+pass, grouped by sequence length, on the quick spec's workload (see conftest.py).
+
+Each benchmark's `extra_info` records the variant, its options and shape, its FLOPs, its
+peak memory (deterministic on CPU: the allocator's own records) and, when timed, its
+throughput and efficiency against the session's GEMM ceiling. `nox -s bench` saves runs;
+`nox -s bench_compare` fails on a slower median or on any growth of peak memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from playground.errors import UnsupportedFeature
+from playground.measure import peak_memory_bytes
+from playground.registry import default_registry
+from playground.runner import BACKWARD_FLOPS_FACTOR
+from playground.runner import workload as runner_workload  # time what `playground run` times
+from tests.benchmarks.conftest import BenchSettings
+
+
+def _synchronised(workload: Callable[[], None], device: str) -> Callable[[], None]:
+    """CUDA runs asynchronously: a timed call must include waiting for its kernels."""
+    if device != "cuda":
+        return workload
+
+    def synchronised() -> None:
+        workload()
+        torch.cuda.synchronize()
+
+    return synchronised
+
+
+def test_attention(
+    benchmark,
+    bench_settings: BenchSettings,
+    variant: str,
+    seq_len: int,
+    pass_name: str,
+    request: pytest.FixtureRequest,
+) -> None:
+    spec, device = bench_settings.spec, bench_settings.device
+    point = bench_settings.variant(variant)
+    torch.manual_seed(spec.seed)
+    module = (
+        default_registry()
+        .build(point.name, spec.d_model, spec.num_heads, **point.options)
+        .to(device, spec.torch_dtype)
+    )
+    generator = torch.Generator().manual_seed(spec.seed)
+    tokens = torch.randn(spec.batch_size, seq_len, spec.d_model, generator=generator)
+    workload = runner_workload(module, tokens.to(device, spec.torch_dtype), pass_name)
+    try:
+        workload()  # warm-up, and the variant's refusal of this size, before any timing
+    except UnsupportedFeature as error:
+        pytest.skip(str(error))
+
+    flops = spec.batch_size * module.count_flops(seq_len, seq_len)
+    if pass_name == "forward_backward":
+        flops *= BACKWARD_FLOPS_FACTOR
+    benchmark.group = f"seq_len={seq_len}"
+    benchmark.extra_info.update(
+        variant=point.name,
+        options=point.options,
+        seq_len=seq_len,
+        pass_name=pass_name,
+        batch_size=spec.batch_size,
+        d_model=spec.d_model,
+        num_heads=spec.num_heads,
+        dtype=spec.dtype,
+        device=device,
+        flops=flops,
+    )
+    timed = _synchronised(workload, device)
+    if bench_settings.smoke:
+        benchmark.pedantic(timed, rounds=1, iterations=1)
+    else:
+        benchmark(timed)
+    # Twice: the first profiled call after unprofiled ones reads high, by an amount that
+    # varied between runs (1-4 MiB on forward+backward here), as the profiler misses the
+    # frees of blocks allocated before it started (the previous call's gradients). The
+    # second call's figure repeats to the byte across runs and test selections.
+    peak_memory_bytes(workload, device)
+    peak = peak_memory_bytes(workload, device)
+    benchmark.extra_info["peak_memory_bytes"] = peak
+    assert flops > 0 and peak > 0, (flops, peak)
+
+    if benchmark.stats is not None and not bench_settings.smoke:
+        median_s = benchmark.stats.stats.median
+        gemm = request.getfixturevalue("gemm_flops_per_s")
+        benchmark.extra_info.update(
+            gflops_per_s=flops / median_s / 1e9,
+            efficiency=flops / median_s / gemm,
+            gemm_flops_per_s=gemm,
+        )
