@@ -94,40 +94,42 @@ def _coerce(value: Any, annotation: Any) -> Any:
     raise TypeError(f"has an annotation the playground cannot check: {annotation!r}")
 
 
-def field_types(config_cls: type[VariantConfig]) -> dict[str, Any]:
+def field_types(config_cls: type[Any]) -> dict[str, Any]:
     """The resolved type of every field of a config dataclass."""
     hints = typing.get_type_hints(config_cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(config_cls)}
 
 
 def build_config(
-    config_cls: type[VariantConfig], options: dict[str, Any], variant: str
-) -> VariantConfig:
-    """Validate `options` against `config_cls` and return the config instance.
+    config_cls: type[Any], options: dict[str, Any], name: str, kind: str = "variant"
+) -> Any:
+    """Validate `options` against the dataclass `config_cls` and return the instance.
 
-    Raises ConfigError naming the variant and option for an unknown option (listing the
-    valid ones), a value of the wrong type, or a value the config's own checks reject.
+    Raises ConfigError naming the variant (or task: `kind`) and option for an unknown
+    option (listing the valid ones), a value of the wrong type, or a value the dataclass's
+    own checks reject.
     """
     types_by_name = field_types(config_cls)
+    owner = f"{kind} {name!r}"
     unknown = sorted(set(options) - set(types_by_name))
     if unknown:
+        hint = f" (see `playground info {name}`)" if kind == "variant" else ""
         raise ConfigError(
-            f"variant {variant!r} has no option {', '.join(repr(u) for u in unknown)}; "
-            f"valid options: {', '.join(types_by_name)} (see `playground info {variant}`)"
+            f"{owner} has no option {', '.join(repr(u) for u in unknown)}; "
+            f"valid options: {', '.join(types_by_name) or '(none)'}{hint}"
         )
     values = {}
-    for name, value in options.items():
+    for option, value in options.items():
         try:
-            values[name] = _coerce(value, types_by_name[name])
+            values[option] = _coerce(value, types_by_name[option])
         except TypeError as error:
             raise ConfigError(
-                f"option {name!r} of variant {variant!r} {error}; got {value!r} "
-                f"({type(value).__name__})"
+                f"option {option!r} of {owner} {error}; got {value!r} ({type(value).__name__})"
             ) from None
     try:
         return config_cls(**values)
     except (ValueError, TypeError) as error:
-        raise ConfigError(f"variant {variant!r}: {error}") from None
+        raise ConfigError(f"{owner}: {error}") from None
 
 
 @functools.cache

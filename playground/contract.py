@@ -82,6 +82,9 @@ class AttentionVariant(nn.Module):
     capabilities: ClassVar[Capabilities] = Capabilities()
     forward_kwargs: ClassVar[tuple[str, ...]] = ()
     """Extra keyword-only forward arguments of this variant (all optional)."""
+    encodes_positions: ClassVar[bool] = False
+    """True when the variant injects position information itself (a relative bias), so a
+    model built from it leaves out absolute positional encodings."""
     check_options: ClassVar[dict[str, Any]] = {}
     """Options the contract suite builds the variant with, so that its small inputs
     exercise what is special about it (a window shorter than the sequence, say)."""

@@ -134,7 +134,7 @@ def variant_options_for(
 
 def _encodes_positions(attention: AttentionVariant) -> bool:
     """Whether the variant carries position information of its own (a relative bias)."""
-    return hasattr(attention, "share_relative_bias_with")
+    return type(attention).encodes_positions
 
 
 def share_across_layers(layers: list[AttentionVariant]) -> list[str]:

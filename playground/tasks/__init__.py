@@ -21,8 +21,7 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from playground.config import _coerce, field_types
-from playground.errors import ConfigError
+from playground.config import build_config
 
 IGNORE = -100
 """Label of a position that is not scored (PyTorch's cross-entropy `ignore_index`)."""
@@ -56,29 +55,6 @@ class TaskData:
         return TaskData(self.tokens[index], self.labels[index], mask)
 
 
-def build_options(options_cls: type[TaskOptions], options: dict[str, Any], task: str) -> Any:
-    """Validate `options` against the task's dataclass; ConfigError names task and option."""
-    types_by_name = field_types(options_cls)  # type: ignore[arg-type]
-    unknown = sorted(set(options) - set(types_by_name))
-    if unknown:
-        raise ConfigError(
-            f"task {task!r} has no option {', '.join(repr(u) for u in unknown)}; valid "
-            f"options: {', '.join(types_by_name) or '(none)'}"
-        )
-    values = {}
-    for name, value in options.items():
-        try:
-            values[name] = _coerce(value, types_by_name[name])
-        except TypeError as error:
-            raise ConfigError(
-                f"option {name!r} of task {task!r} {error}; got {value!r} ({type(value).__name__})"
-            ) from None
-    try:
-        return options_cls(**values)
-    except (ValueError, TypeError) as error:
-        raise ConfigError(f"task {task!r}: {error}") from None
-
-
 class Task:
     """Base class of a synthetic task. Subclasses set the class attributes and write
     `generate`; `vocab_size`, `num_classes` and `seq_len` may depend on the options."""
@@ -106,7 +82,7 @@ class Task:
     """Held-out examples the accuracy is measured on."""
 
     def __init__(self, **options: Any) -> None:
-        self.options = build_options(self.Options, options, self.name)
+        self.options = build_config(self.Options, options, self.name, kind="task")
 
     # --- what a model needs to know -------------------------------------------------
     @property
