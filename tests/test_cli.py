@@ -110,3 +110,20 @@ def test_console_script_is_installed():
     assert executable, "the `playground` console script is not on PATH; pip install -e ."
     completed = subprocess.run([executable, "--help"], capture_output=True, text=True, check=False)
     assert completed.returncode == 0 and "--plugins-dir" in completed.stdout
+
+
+def test_plot_benchmarks_draws_the_saved_history(capsys, tmp_path):
+    from tests.benchmarks.saved_runs import save_run
+
+    storage = tmp_path / ".benchmarks"
+    for number in (1, 2):
+        save_run(storage, number, {"vanilla-n512-forward": 1}, {"vanilla-n512-forward": 0.001})
+    out = tmp_path / "history.png"
+    code, stdout, _ = run(capsys, "plot", "--benchmarks", str(storage), "--out", str(out))
+    assert code == 0 and out.stat().st_size > 10_000 and str(out) in stdout
+
+
+def test_plot_of_an_empty_run_directory_is_a_clear_error(capsys, tmp_path):
+    (tmp_path / "spec.toml").write_text('name = "x"\n')
+    code, _, err = run(capsys, "plot", str(tmp_path))
+    assert code == 2 and "nothing to plot" in err
