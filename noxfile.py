@@ -48,15 +48,14 @@ BENCH_SEQ_LENS = "512,1024,2048"
 BENCH_TESTS = "tests/benchmarks/test_attention_benchmarks.py"
 BENCH_STORAGE = ".benchmarks"
 BENCH_CANDIDATE = "results/benchmarks/bench_compare.json"
-MEDIAN_REGRESSION_PERCENT = int(os.environ.get("PLAYGROUND_BENCH_FAIL_PERCENT", "700"))
+MEDIAN_REGRESSION_PERCENT = int(os.environ.get("PLAYGROUND_BENCH_FAIL_PERCENT", "30"))
 """bench_compare fails when a benchmark's median is more than this much slower than the
-baseline. The default comes from measured noise on the machine this was written on (2 CPU
-cores shared with other jobs, load average 5-6): over six back-to-back runs of unchanged
-code, the largest slow-down of a median from one run to the next was +629% (median over
-the 24 benchmarks: +75%), so 700 is the tightest threshold that stayed quiet there. On a
-quieter machine measure your own: `nox -s bench` three to five times, then
-`python -m playground.bench_history --noise`, and set PLAYGROUND_BENCH_FAIL_PERCENT just
-above the largest step it prints."""
+baseline. Measured on this project's 2-core machine with `nox -s bench` three times back to
+back and `python -m playground.bench_history --noise`: on an otherwise idle machine the
+largest step of a median between consecutive runs was +19% (median over the 24 benchmarks
++6%), so 30 leaves a margin above that. With other jobs on the same cores (load average
+5-6) steps reached +629% (median +75%): a loaded machine needs a quiet rerun or a higher
+PLAYGROUND_BENCH_FAIL_PERCENT, and the exact memory gate is the one that stays valid."""
 
 nox.options.sessions = ["tests", "lint"]
 ENVIRONMENT = {"venv_backend": "none"}
