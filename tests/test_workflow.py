@@ -70,11 +70,16 @@ def test_new_variant_story(checkout: Path) -> None:
 
     playground("run", "quick", "--variants", "myattn", "--seq-lens", "64")
     (run_dir,) = (checkout / "results" / "quick").iterdir()
-    rows = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    lines = (run_dir / "results.jsonl").read_text().splitlines()
+    all_rows = [json.loads(line) for line in lines]
+    rows = [row for row in all_rows if "pass" in row]  # cost cells
     assert {(row["variant"], row["pass"], row["status"]) for row in rows} == {
         ("myattn", "forward", "ok"),
         ("myattn", "forward_backward", "ok"),
     }
+    # ...and the quick spec's short accuracy task trained it too
+    (accuracy,) = (row for row in all_rows if "task" in row)
+    assert accuracy["status"] == "ok" and accuracy["accuracy_mean"] > accuracy["chance"]
     assert all(row["time_ms"] > 0 and row["peak_memory_bytes"] > 0 for row in rows)
     # The scaffold is exact attention, so its fidelity to exact attention is exact.
     (forward,) = (row for row in rows if row["pass"] == "forward")
