@@ -23,7 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from playground.plots.data import OK, Run, load_run
-from playground.summary import Line, summarize
+from playground.summary import (
+    EXPONENT_COLUMNS,
+    SUMMARY_COLUMNS,
+    Line,
+    exponent_cells,
+    summarize,
+    summary_cells,
+)
 
 HTML_REPORT = "report.html"
 MARKDOWN_REPORT = "report.md"
@@ -52,54 +59,12 @@ def _number(value: float | None, spec: str) -> str:
 
 def summary_table(lines: Sequence[Line]) -> Table:
     """One row per (variant point, pass, n), as `playground.summary` condenses them."""
-    header = [
-        "variant",
-        "pass",
-        "n",
-        "time ms",
-        "IQR ms",
-        "peak MiB",
-        "efficiency",
-        "vs vanilla",
-        "rel err",
-        "rel err local",
-        "cosine",
-        "status",
-    ]
-    rows = [
-        [
-            line.label,
-            line.pass_name,
-            str(line.seq_len),
-            _number(line.time_ms, ".2f"),
-            _number(line.time_iqr_ms, ".2f"),
-            _number(line.peak_memory_mib, ".2f"),
-            _number(line.efficiency, ".2f"),
-            _number(line.speedup_vs_vanilla, ".2f") + ("×" if line.speedup_vs_vanilla else ""),
-            _number(line.fidelity_rel_error, ".3g"),
-            _number(line.fidelity_local_rel_error, ".3g"),
-            _number(line.fidelity_cosine, ".3f"),
-            line.status,
-        ]
-        for line in lines
-    ]
-    return header, rows
+    return list(SUMMARY_COLUMNS), [summary_cells(line) for line in lines]
 
 
 def exponent_table(lines: Sequence[Line]) -> Table:
     """Fitted log-log exponents of time and memory per (variant point, pass)."""
-    seen: dict[tuple[str, str], list[str]] = {}
-    for line in lines:
-        seen.setdefault(
-            (line.label, line.pass_name),
-            [
-                line.label,
-                line.pass_name,
-                _number(line.time_exponent, ".2f"),
-                _number(line.memory_exponent, ".2f"),
-            ],
-        )
-    return ["variant", "pass", "time exponent", "memory exponent"], list(seen.values())
+    return list(EXPONENT_COLUMNS), exponent_cells(list(lines))
 
 
 def accuracy_table(rows: Iterable[dict[str, Any]]) -> Table:

@@ -165,59 +165,82 @@ def print_accuracy(rows: list[dict[str, Any]], console: Console) -> None:
     console.print(table)
 
 
-def print_summary(lines: list[Line], console: Console) -> None:
-    if not lines:
-        return
-    table = Table(title="Summary (median time; peak memory above the inputs)")
-    for column in (
-        "variant",
-        "pass",
-        "n",
-        "time ms",
-        "IQR ms",
-        "peak MiB",
-        "efficiency",
-        "vs vanilla",
-        "rel err",
-        "rel err local",
-        "status",
-    ):
-        table.add_column(
-            column, justify="left" if column in ("variant", "pass", "status") else "right"
-        )
+SUMMARY_COLUMNS = (
+    "variant",
+    "pass",
+    "n",
+    "time ms",
+    "IQR ms",
+    "peak MiB",
+    "efficiency",
+    "vs vanilla",
+    "rel err",
+    "rel err local",
+    "cosine",
+    "status",
+)
+EXPONENT_COLUMNS = ("variant", "pass", "time exponent", "memory exponent")
+
+
+def summary_cells(line: Line) -> list[str]:
+    """One Line as the text of SUMMARY_COLUMNS (the terminal table and the report)."""
+    speedup = line.speedup_vs_vanilla
+    return [
+        line.label,
+        line.pass_name,
+        str(line.seq_len),
+        _format(line.time_ms, ".1f"),
+        _format(line.time_iqr_ms, ".1f"),
+        _format(line.peak_memory_mib, ".1f"),
+        _format(line.efficiency, ".2f"),
+        _format(speedup, ".2f") + ("×" if speedup else ""),
+        _format(line.fidelity_rel_error, ".3g"),
+        _format(line.fidelity_local_rel_error, ".3g"),
+        _format(line.fidelity_cosine, ".3f"),
+        line.status,
+    ]
+
+
+def exponent_cells(lines: list[Line]) -> list[list[str]]:
+    """EXPONENT_COLUMNS, one row per (variant point, pass)."""
+    rows: dict[tuple[str, str], list[str]] = {}
     for line in lines:
-        table.add_row(
-            line.label,
-            line.pass_name,
-            str(line.seq_len),
-            _format(line.time_ms, ".1f"),
-            _format(line.time_iqr_ms, ".1f"),
-            _format(line.peak_memory_mib, ".1f"),
-            _format(line.efficiency, ".2f"),
-            _format(line.speedup_vs_vanilla, ".2f") + ("×" if line.speedup_vs_vanilla else ""),
-            _format(line.fidelity_rel_error, ".3g"),
-            _format(line.fidelity_local_rel_error, ".3g"),
-            line.status if line.status == "ok" else f"[red]{line.status}[/red]",
-        )
-    console.print(table)
-    scaling = Table(
-        title="Scaling: fitted exponent of time and memory vs n (1 = linear, 2 = quadratic)"
-    )
-    for column in ("variant", "pass", "time exponent", "memory exponent"):
-        scaling.add_column(column)
-    seen = set()
-    for line in lines:
-        if (line.label, line.pass_name) not in seen:
-            seen.add((line.label, line.pass_name))
-            scaling.add_row(
+        rows.setdefault(
+            (line.label, line.pass_name),
+            [
                 line.label,
                 line.pass_name,
                 _format(line.time_exponent, ".2f"),
                 _format(line.memory_exponent, ".2f"),
-            )
+            ],
+        )
+    return list(rows.values())
+
+
+def print_summary(lines: list[Line], console: Console) -> None:
+    if not lines:
+        return
+    table = Table(title="Summary (median time; peak memory above the inputs)")
+    for column in SUMMARY_COLUMNS:
+        table.add_column(
+            column, justify="left" if column in ("variant", "pass", "status") else "right"
+        )
+    for line in lines:
+        *cells, status = summary_cells(line)
+        table.add_row(*cells, status if status == "ok" else f"[red]{status}[/red]")
+    console.print(table)
+    scaling = Table(
+        title="Scaling: fitted exponent of time and memory vs n (1 = linear, 2 = quadratic)"
+    )
+    for column in EXPONENT_COLUMNS:
+        scaling.add_column(column)
+    for row in exponent_cells(lines):
+        scaling.add_row(*row)
     console.print(scaling)
     for line in lines:
         if line.status != "ok":
             console.print(
-                f"[red]{line.status}[/red] {line.label} n={line.seq_len} {line.pass_name}: {line.error}"
+                f"[red]{line.status}[/red] {line.label} n={line.seq_len} {line.pass_name}: "
+                f"{line.error}",
+                soft_wrap=True,
             )
