@@ -98,8 +98,10 @@ def lint(session: nox.Session) -> None:
 @nox.session(tags=["variants"], **ENVIRONMENT)
 @nox.parametrize("name", VARIANT_FILES)
 def variant(session: nox.Session, name: str) -> None:
-    """One plugin: its contract suite, then the quick spec on it alone, which ends with its
-    figures and report (results/variants/NAME/quick/<timestamp>/report.html).
+    """One plugin: its contract suite, its quick benchmark, its figures and report.
+
+    The quick spec runs on the variant alone and ends with the figures and report
+    (results/variants/NAME/quick/<timestamp>/report.html).
 
     `-- --seq-lens 256,512` changes the benchmark's lengths."""
     require_installed(session)
