@@ -224,3 +224,19 @@ def test_contract_suite_with_default_options():
         "t5_relative", options={"num_buckets": 32, "max_distance": 128, "block_size": 1024}
     )
     assert report.ok, report.failures
+
+
+def test_training_memory_stays_below_one_dense_score_matrix():
+    """Backward recomputes each query block, so forward+backward never holds the
+    (H, n, n) probabilities of all blocks at once."""
+    from playground.measure import peak_memory_bytes
+    from playground.runner import workload
+
+    def peak(n: int, block_size: int) -> int:
+        module = playground.build("t5_relative", d_model=64, num_heads=8, block_size=block_size)
+        return peak_memory_bytes(workload(module, torch.randn(1, n, 64), "forward_backward"))
+
+    # one block of all queries (nothing to recompute) against blocks of 64
+    assert peak(512, 64) < peak(512, 512) / 4
+    # and with blocks, doubling n doubles memory (linear), not ×4
+    assert peak(1024, 64) < 2.2 * peak(512, 64)
