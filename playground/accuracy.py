@@ -74,6 +74,7 @@ def measure_accuracy(
         num_heads=num_heads,
         num_layers=num_layers,
         target=task.target,
+        causal=task.needs_causal,
     )
     training = TrainConfig(
         steps=task.default_steps if steps is None else steps,

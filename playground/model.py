@@ -62,6 +62,8 @@ class ModelConfig:
     """Share T5's bias table across layers, and Linformer's projection when its
     sharing="layerwise", as the papers do."""
     target: Literal["token", "sequence"] = "token"
+    causal: bool = False
+    """Every layer attends with `is_causal=True` (position i sees positions <= i)."""
     pooling: Literal["first", "mean"] = "first"
     """Sequence target only: classify from position 0 ([CLS]) or from the mean of real tokens."""
 
@@ -99,6 +101,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         d_ff = config.d_ff or 4 * config.d_model
         self.attention = attention
+        self.causal = config.causal
         self.attention_norm = nn.LayerNorm(config.d_model)
         self.feed_forward = nn.Sequential(
             nn.Linear(config.d_model, d_ff), nn.GELU(), nn.Linear(d_ff, config.d_model)
@@ -109,7 +112,9 @@ class EncoderLayer(nn.Module):
     def forward(
         self, x: torch.Tensor, attention_mask: torch.Tensor | None, extra: dict[str, Any]
     ) -> torch.Tensor:
-        mixed = self.attention(self.attention_norm(x), attention_mask=attention_mask, **extra)
+        mixed = self.attention(
+            self.attention_norm(x), attention_mask=attention_mask, is_causal=self.causal, **extra
+        )
         x = x + self.dropout(mixed.output)  # (B, L, d_model)
         return x + self.dropout(self.feed_forward(self.feed_forward_norm(x)))
 

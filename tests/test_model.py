@@ -149,3 +149,22 @@ def test_a_task_needing_what_a_variant_lacks_is_unsupported(
     check_task_support(bundled_registry, "vanilla", CausalLookback())
     with pytest.raises(UnsupportedFeature, match="causal"):
         check_task_support(bundled_registry, "linformer", CausalLookback())
+
+
+def test_a_causal_model_never_looks_ahead():
+    config = ModelConfig(vocab_size=16, num_classes=4, max_seq_len=12, causal=True)
+    model = TransformerClassifier(config, Registry.discover(entry_points=False)).eval()
+    tokens = torch.randint(1, 16, (2, 12))
+    changed = tokens.clone()
+    changed[:, 7:] = torch.randint(1, 16, (2, 5))
+    assert torch.equal(model(tokens)[:, :7], model(changed)[:, :7])
+    assert not torch.equal(model(tokens)[:, 7:], model(changed)[:, 7:])
+
+
+def test_causal_mqar_is_unsupported_for_a_variant_without_causal_attention():
+    from playground.accuracy import measure_accuracy
+
+    with pytest.raises(UnsupportedFeature, match="causal"):
+        measure_accuracy(
+            Registry.discover(entry_points=False), "linformer", {}, "mqar", {"causal": True}
+        )

@@ -69,7 +69,7 @@ class Task:
     target: ClassVar[Literal["token", "sequence"]] = "token"
     """One label per position ("token") or per sequence ("sequence")."""
     needs_causal: ClassVar[bool] = False
-    """Whether the task must be run with `is_causal=True` (none of the shipped ones)."""
+    """Whether the task must be run with `is_causal=True` (MQAR with causal=True)."""
     pads: ClassVar[bool] = False
     """Whether sequences have different lengths (padding mask passed to attention)."""
     default_steps: ClassVar[int] = 600
