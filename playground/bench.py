@@ -16,8 +16,10 @@ from dataclasses import dataclass
 
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from playground.errors import PlaygroundError, UnsupportedFeature
 from playground.measure import fit_exponent, gemm_flops_per_second, peak_memory_bytes, time_call
 from playground.registry import default_registry
 
@@ -61,6 +63,13 @@ def forward_cost(
 
 
 def main(argv: list[str] | None = None) -> None:
+    try:
+        _main(argv)
+    except (PlaygroundError, ValueError, tomllib.TOMLDecodeError) as error:
+        raise SystemExit(f"error: {error}") from None
+
+
+def _main(argv: list[str] | None) -> None:
     parser = argparse.ArgumentParser(prog="python -m playground.bench", description=__doc__)
     parser.add_argument("--variants", default=None, help="comma-separated (default: all)")
     parser.add_argument("--seq-lens", default="2048,4096,8192,16384")
@@ -83,16 +92,25 @@ def main(argv: list[str] | None = None) -> None:
     gemm = gemm_flops_per_second()
     console = Console()
     console.print(f"GEMM fp32: {gemm / 1e9:.1f} GFLOP/s, {torch.get_num_threads()} threads")
-    table = Table("variant", "n", "time ms", "IQR ms", "GFLOP/s", "efficiency", "peak MiB")
+    table = Table(
+        "variant", "n", "time ms", "IQR ms", "GFLOP/s", "efficiency", "peak MiB", "status"
+    )
     exponents = Table("variant", "time exponent", "memory exponent")
     for variant in variants:
-        costs = [
-            forward_cost(
-                variant, n, gemm, min_run_time=arguments.min_run_time, options=options.get(variant)
-            )
-            for n in seq_lens
-        ]
-        for cost in costs:
+        costs = []
+        for n in seq_lens:
+            try:
+                cost = forward_cost(
+                    variant,
+                    n,
+                    gemm,
+                    min_run_time=arguments.min_run_time,
+                    options=options.get(variant),
+                )
+            except UnsupportedFeature as unsupported:  # recorded, and the sweep goes on
+                table.add_row(variant, str(n), "-", "-", "-", "-", "-", escape(str(unsupported)))
+                continue
+            costs.append(cost)
             table.add_row(
                 variant,
                 str(cost.seq_len),
@@ -101,12 +119,13 @@ def main(argv: list[str] | None = None) -> None:
                 f"{cost.flops / cost.time_s / 1e9:.1f}",
                 f"{cost.efficiency:.2f}",
                 f"{cost.peak_memory_bytes / 2**20:.0f}",
+                "ok",
             )
         if len(costs) > 1:
             exponents.add_row(
                 variant,
-                f"{fit_exponent(seq_lens, [c.time_s for c in costs]):.2f}",
-                f"{fit_exponent(seq_lens, [c.peak_memory_bytes for c in costs]):.2f}",
+                f"{fit_exponent([c.seq_len for c in costs], [c.time_s for c in costs]):.2f}",
+                f"{fit_exponent([c.seq_len for c in costs], [c.peak_memory_bytes for c in costs]):.2f}",
             )
     console.print(table)
     console.print(exponents)

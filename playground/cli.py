@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from playground import registry as registry_module
@@ -28,7 +29,7 @@ from playground.errors import PlaygroundError
 from playground.plots import FORMATS, plot_run
 from playground.registry import Registry, bundled_dir
 from playground.report import write_report
-from playground.results import RunStore
+from playground.results import ENV, ROWS, SPEC, RunStore
 from playground.runner import Runner, check_device, plan
 from playground.spec import apply_overrides, load_spec
 from playground.summary import print_accuracy, print_summary, write_summary
@@ -149,7 +150,13 @@ def command_check(registry: Registry, arguments: argparse.Namespace) -> int:
 
 def _execute(registry: Registry, store: RunStore, spec, overrides: dict) -> int:
     runner = Runner(spec, registry, store, console)
-    runner.start(overrides)
+    try:
+        runner.start(overrides)
+    except KeyboardInterrupt:
+        console.print(
+            f"[yellow]interrupted[/yellow]; resume with: playground run --resume {store.directory}"
+        )
+        return 130
     pending = len(runner.pending())
     console.print(
         f"[bold]{spec.name}[/bold]: {len(plan(spec))} cells ({pending} to run) → {store.directory}"
@@ -163,10 +170,16 @@ def _execute(registry: Registry, store: RunStore, spec, overrides: dict) -> int:
     if not completed:
         console.print(
             f"[yellow]interrupted[/yellow] after {count} new cells; every finished row is in "
-            f"{store.path('results.jsonl')}. Continue with: playground run --resume {store.directory}"
+            f"{store.path(ROWS)}. Continue with: playground run --resume {store.directory}"
         )
         return 130
     console.print(f"results: {store.directory}")
+    errors = [row for row in store.rows() if row["status"] == "error"]
+    if errors:
+        error_console.print(
+            f"[red]{len(errors)} cell(s) raised an error[/red] (see the table above); exit status 1"
+        )
+        return 1
     return 0
 
 
@@ -179,6 +192,10 @@ def _overrides(arguments: argparse.Namespace) -> dict:
             raise PlaygroundError(
                 f"--seq-lens takes comma-separated integers, like 256,512; got {arguments.seq_lens!r}"
             ) from None
+        if any(n < 1 for n in seq_lens) or len(set(seq_lens)) != len(seq_lens):
+            raise PlaygroundError(
+                f"--seq-lens takes distinct positive lengths, like 256,512; got {arguments.seq_lens!r}"
+            )
     variants = getattr(arguments, "variants", None)
     return {
         "device": arguments.device,
@@ -189,10 +206,25 @@ def _overrides(arguments: argparse.Namespace) -> dict:
 
 def command_run(registry: Registry, arguments: argparse.Namespace) -> int:
     if arguments.resume:
+        given = [
+            flag
+            for flag, value in (
+                ("SPEC", arguments.spec),
+                ("--device", arguments.device),
+                ("--variants", arguments.variants),
+                ("--seq-lens", arguments.seq_lens),
+            )
+            if value
+        ]
+        if given:
+            raise PlaygroundError(
+                f"--resume runs the cells its run lacks with the spec and options it started "
+                f"with; drop {', '.join(given)} (or start a new run without --resume)"
+            )
         store = RunStore.existing(arguments.resume)
-        env = store.read_json("env.json") if store.path("env.json").is_file() else {}
+        env = store.read_json(ENV) if store.path(ENV).is_file() else {}
         overrides = env.get("overrides", {})
-        spec = apply_overrides(load_spec(store.path("spec.toml"), registry), registry, overrides)
+        spec = apply_overrides(load_spec(store.path(SPEC), registry), registry, overrides)
     else:
         if not arguments.spec:
             raise PlaygroundError(
@@ -348,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         registry = registry_module.configure(getattr(arguments, "plugins_dir", None) or ())
         return arguments.handler(registry, arguments)
     except PlaygroundError as error:
-        error_console.print(f"[red]error:[/red] {error}")
+        error_console.print(f"[red]error:[/red] {escape(str(error))}", soft_wrap=True)
         return 2
 
 

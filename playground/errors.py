@@ -41,8 +41,7 @@ class UnknownVariant(PlaygroundError, LookupError):
         self.known = sorted(known)
         close = difflib.get_close_matches(name, self.known, n=3, cutoff=0.5)
         message = f"no {kind} named {name!r}"
-        if close:
-            message += f"; did you mean {', '.join(repr(c) for c in close)}?"
+        message += f"; did you mean {', '.join(repr(c) for c in close)}?" if close else "."
         message += f" Registered: {', '.join(self.known) or '(none)'}."
         message += " Run `playground plugins` to see what loaded and what failed."
         super().__init__(message)

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 import playground
+from playground.errors import PlaygroundError
 
 ROWS = "results.jsonl"
 ENV = "env.json"
@@ -56,7 +57,7 @@ class RunStore:
         """An earlier run's directory, to resume or to read."""
         store = cls(directory)
         if not (store.directory / SPEC).is_file():
-            raise FileNotFoundError(
+            raise PlaygroundError(
                 f"{directory} is not a run directory (no {SPEC}); runs live in "
                 f"results/<experiment>/<timestamp>/"
             )
@@ -66,11 +67,22 @@ class RunStore:
         return self.directory / name
 
     def append(self, row: dict[str, Any]) -> None:
-        """Write one finished cell, durably, before the next one starts."""
+        """Write one finished cell, durably, before the next one starts. A last line cut
+        short by a crash is dropped first, so the new row starts a line of its own."""
+        self._drop_cut_line()
         with open(self.path(ROWS), "a", encoding="utf-8") as file:
             file.write(json.dumps(row, sort_keys=True) + "\n")
             file.flush()
             os.fsync(file.fileno())
+
+    def _drop_cut_line(self) -> None:
+        path = self.path(ROWS)
+        if not path.is_file() or path.stat().st_size == 0:
+            return
+        data = path.read_bytes()
+        if not data.endswith(b"\n"):
+            with open(path, "r+b") as file:
+                file.truncate(data.rfind(b"\n") + 1)
 
     def rows(self) -> list[dict[str, Any]]:
         """Every recorded row. A last line cut short by a crash is ignored (that cell

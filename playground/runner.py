@@ -100,10 +100,14 @@ def workload(module: AttentionVariant, tokens: torch.Tensor, pass_name: str) -> 
 
         return forward
     module.train()
+    # As for a layer inside a model, the input needs a gradient too: the backward then does
+    # every product the ×3 FLOPs convention counts (weights and inputs).
+    tokens = tokens.detach().requires_grad_(True)
 
     def forward_backward() -> None:
         module(tokens).output.sum().backward()
         module.zero_grad(set_to_none=True)  # gradients held across calls would skew memory
+        tokens.grad = None
 
     return forward_backward
 
@@ -126,6 +130,8 @@ class Runner:
             self.gemm_flops = self.store.read_json(ENV)["gemm_flops_per_s"]
             return
         check_device(self.spec.device)
+        # The spec first: a run interrupted while the GEMM is measured can still be resumed.
+        (self.store.directory / SPEC).write_text(self.spec.text)
         self.console.print(f"measuring {self.spec.dtype} GEMM throughput on {self.spec.device}…")
         self.gemm_flops = gemm_flops_per_second(self.spec.device, self.spec.torch_dtype)
         env = environment(self.spec.device)
@@ -137,7 +143,6 @@ class Runner:
             overrides=overrides or {},
         )
         self.store.write_json(ENV, env)
-        (self.store.directory / SPEC).write_text(self.spec.text)
 
     def pending(self) -> list[Cell]:
         done = {row["cell"] for row in self.store.rows()}

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from playground.measure import fit_exponent
@@ -160,7 +161,7 @@ def print_accuracy(rows: list[dict[str, Any]], console: Console) -> None:
             ", ".join(f"{a:.3f}" for a in row["accuracy_per_seed"]) if ok else "-",
             _format(row["chance"], ".3f"),
             _format(row["train_time_s"], ".1f"),
-            row["status"] if ok else f"[red]{row['status']}[/red]: {row['error']}",
+            row["status"] if ok else f"[red]{row['status']}[/red]: {escape(str(row['error']))}",
         )
     console.print(table)
 
@@ -227,7 +228,7 @@ def print_summary(lines: list[Line], console: Console) -> None:
         )
     for line in lines:
         *cells, status = summary_cells(line)
-        table.add_row(*cells, status if status == "ok" else f"[red]{status}[/red]")
+        table.add_row(*map(escape, cells), status if status == "ok" else f"[red]{status}[/red]")
     console.print(table)
     scaling = Table(
         title="Scaling: fitted exponent of time and memory vs n (1 = linear, 2 = quadratic)"
@@ -235,12 +236,12 @@ def print_summary(lines: list[Line], console: Console) -> None:
     for column in EXPONENT_COLUMNS:
         scaling.add_column(column)
     for row in exponent_cells(lines):
-        scaling.add_row(*row)
+        scaling.add_row(*map(escape, row))
     console.print(scaling)
     for line in lines:
         if line.status != "ok":
             console.print(
-                f"[red]{line.status}[/red] {line.label} n={line.seq_len} {line.pass_name}: "
-                f"{line.error}",
+                f"[red]{line.status}[/red] {escape(line.label)} n={line.seq_len} {line.pass_name}: "
+                f"{escape(str(line.error))}",
                 soft_wrap=True,
             )

@@ -118,7 +118,9 @@ class LinformerAttention(AttentionVariant):
 
     @staticmethod
     def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: object) -> float:
-        k = min(int(options.get("k", LinformerConfig.k)), n_k)  # E[:, :n_k] keeps k rows
+        # With fewer keys than k, E[:, :n_k] still computes k slots, but of rank <= n_k:
+        # only n_k of them are useful work.
+        k = min(int(options.get("k", LinformerConfig.k)), n_k)
         projections = 2 * (n_q + 2 * n_k + n_q) * d_model * d_model  # q, k, v, out
         sequence_projections = 2 * 2 * k * n_k * d_model  # E·K and F·V
         scores_and_mix = 2 * 2 * n_q * k * d_model  # Q K'ᵀ and P V', all heads together

@@ -197,3 +197,16 @@ class SelfAttentionOnly(Vanilla):
 
     name = "self_attention_only"
     capabilities = dataclasses.replace(Vanilla.capabilities, causal=False, cross_attention=False)
+
+
+class FastLosesBiasGradient(Vanilla):
+    """Same outputs and input gradients, but the fast path cuts out_proj.bias's gradient."""
+
+    name = "broken_fast_loses_bias_gradient"
+
+    def forward_fast(self, query, key, value, attention_mask, is_causal, need_weights):
+        output, weights = super().forward_fast(
+            query, key, value, attention_mask, is_causal, need_weights
+        )
+        bias = self.out_proj.bias
+        return AttentionOutput(output - bias + bias.detach(), weights)

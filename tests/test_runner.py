@@ -196,12 +196,14 @@ def test_interrupt_then_resume_gives_every_row_once(registry, spec_file, tmp_pat
     assert len(cells) == len(set(cells))
 
 
-def test_a_line_cut_short_by_a_crash_is_ignored(tmp_path):
+def test_a_line_cut_short_by_a_crash_is_ignored_and_replaced(tmp_path):
     store = RunStore.create(tmp_path, "x")
     store.append({"cell": "a"})
     with open(store.path("results.jsonl"), "a") as file:
         file.write('{"cell": "b", "ti')
     assert store.rows() == [{"cell": "a"}]
+    store.append({"cell": "b"})  # what a resume does next
+    assert store.rows() == [{"cell": "a"}, {"cell": "b"}]
 
 
 def test_two_runs_never_share_a_directory(tmp_path):
@@ -391,3 +393,39 @@ def test_task_tables_are_validated(spec_file, table, message):
     body = f'name = "acc"\nmeasures = ["accuracy"]\n[[tasks]]\n{table}\n'
     with pytest.raises(SpecError, match=message):
         load_spec(spec_file(body), Registry.discover(entry_points=False))
+
+
+def test_resume_of_a_directory_that_is_not_a_run_is_a_clear_error(tmp_path, capsys):
+    assert main(["run", "--resume", str(tmp_path)]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+
+
+def test_resume_refuses_options_it_would_ignore(tmp_path, capsys):
+    assert main(["run", "--resume", str(tmp_path), "--seq-lens", "64"]) == 2
+    assert "drop --seq-lens" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("lengths", ["0,64", "64,64", "-3"])
+def test_bad_seq_lens_are_refused(spec_file, tmp_path, lengths, capsys):
+    assert main(["run", spec_file(TINY), "--seq-lens", lengths, "--out", str(tmp_path)]) == 2
+    assert "distinct positive lengths" in capsys.readouterr().err
+    assert not (tmp_path / "tiny").exists()
+
+
+def test_a_run_with_an_erroring_cell_exits_1(spec_file, tmp_path, write_plugin, capsys):
+    plugin = write_plugin("flaky.py", FLAKY_PLUGIN)
+    code = main(
+        [
+            "run",
+            spec_file(TINY),
+            "--variants",
+            "flaky",
+            "--seq-lens",
+            "16",
+            "--out",
+            str(tmp_path),
+            "--plugins-dir",
+            str(plugin.parent),
+        ]
+    )
+    assert code == 1 and "raised an error" in capsys.readouterr().err

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from playground.contract import AttentionOutput, AttentionVariant
+from playground.contract import AttentionOutput
 from playground.errors import InvalidInput, UnsupportedFeature
 from playground.masks import allowed_keys
+from playground.testing.subject import Subject
 
 TOLERANCE = 1e-5  # fp32: fast vs reference, batch independence, invariances
 
@@ -28,59 +28,6 @@ class CheckFailed(AssertionError):
 
 class CheckSkipped(Exception):
     """The check does not apply: the variant does not declare the capability."""
-
-
-@dataclass
-class Subject:
-    """A variant under test at contract-suite size, with seeded builds and inputs."""
-
-    cls: type[AttentionVariant]
-    impl: str = "fast"
-    options: dict[str, Any] = field(default_factory=dict)
-    d_model: int = 32
-    num_heads: int = 4
-    batch: int = 2
-    seq_len: int = 16
-
-    def __post_init__(self) -> None:
-        limit = self.cls.capabilities.max_seq_len
-        if limit is not None:
-            self.seq_len = min(self.seq_len, limit)
-
-    @property
-    def caps(self):
-        return self.cls.capabilities
-
-    def build(self, dtype: torch.dtype = torch.float32, **overrides: Any) -> AttentionVariant:
-        torch.manual_seed(0)
-        options = {**self.cls.check_options, **self.options, "impl": self.impl, **overrides}
-        module = self.cls(d_model=self.d_model, num_heads=self.num_heads, **options)
-        return module.to(dtype).eval()
-
-    def tokens(self, n: int | None = None, batch: int | None = None, seed: int = 1) -> torch.Tensor:
-        generator = torch.Generator().manual_seed(seed)
-        shape = (batch or self.batch, n or self.seq_len, self.d_model)
-        return torch.randn(shape, generator=generator)
-
-    def padding_mask(self, n: int | None = None) -> torch.Tensor:
-        """(B, N) bool: element 0 all real; the others lose the last 4 keys and one in
-        the middle, so padding is tested both at the end and inside the sequence."""
-        n = n or self.seq_len
-        mask = torch.ones(self.batch, n, dtype=torch.bool)
-        mask[1:, n - 4 :] = False
-        mask[1:, n // 4] = False
-        return mask
-
-    def mask_cases(self) -> list[dict[str, Any]]:
-        """Every (attention_mask, is_causal) combination the variant declares."""
-        cases: list[dict[str, Any]] = [{}]
-        if self.caps.padding_mask:
-            cases.append({"attention_mask": self.padding_mask()})
-        if self.caps.causal:
-            cases.append({"is_causal": True})
-            if self.caps.padding_mask:
-                cases.append({"attention_mask": self.padding_mask(), "is_causal": True})
-        return cases
 
 
 def _max_difference(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -302,7 +249,8 @@ def check_eval_mode_is_deterministic(subject: Subject) -> None:
 
 def check_fast_matches_reference(subject: Subject) -> None:
     """impl="fast" equals impl="reference" (same weights) within 1e-5 in fp32 for every
-    mask combination the variant declares, outputs, weights and input gradients."""
+    mask combination the variant declares: outputs, weights, and the gradients of the
+    inputs and of every parameter."""
     if subject.cls.forward_fast is None:
         raise CheckSkipped("no fast path: impl='fast' runs the reference")
     fast, reference = subject.build(impl="fast"), subject.build(impl="reference")
@@ -328,13 +276,26 @@ def check_fast_matches_reference(subject: Subject) -> None:
                         f"fast and reference weights differ by {difference:.3g} ({label})"
                     )
             upstream = subject.tokens(seed=6)
-            for result in results:
+            for module, result in zip((fast, reference), results, strict=True):
+                module.zero_grad(set_to_none=True)
                 (result.output * upstream).sum().backward()
             difference = _max_difference(inputs[0].grad, inputs[1].grad)
             if difference > 10 * TOLERANCE:
                 raise CheckFailed(
                     f"fast and reference input gradients differ by {difference:.3g} ({label})"
                 )
+            references = dict(reference.named_parameters())
+            for name, parameter in fast.named_parameters():
+                other = references[name].grad
+                if (parameter.grad is None) != (other is None):
+                    raise CheckFailed(f"only one path gives {name!r} a gradient ({label})")
+                if parameter.grad is not None:
+                    difference = _max_difference(parameter.grad, other)
+                    if difference > 10 * TOLERANCE:
+                        raise CheckFailed(
+                            f"fast and reference gradients of {name!r} differ by "
+                            f"{difference:.3g} ({label})"
+                        )
 
 
 def _check_dtype(subject: Subject, dtype: torch.dtype, tolerance: float) -> None:
