@@ -197,10 +197,13 @@ def _overrides(arguments: argparse.Namespace) -> dict:
                 f"--seq-lens takes distinct positive lengths, like 256,512; got {arguments.seq_lens!r}"
             )
     variants = getattr(arguments, "variants", None)
+    plugins_dirs = getattr(arguments, "plugins_dir", None) or []
     return {
         "device": arguments.device,
         "seq_lens": seq_lens,
         "variants": variants.split(",") if variants else None,
+        # absolute, so a resume from another working directory finds the same plugins
+        "plugins_dirs": [str(Path(directory).resolve()) for directory in plugins_dirs],
     }
 
 
@@ -224,6 +227,10 @@ def command_run(registry: Registry, arguments: argparse.Namespace) -> int:
         store = RunStore.existing(arguments.resume)
         env = store.read_json(ENV) if store.path(ENV).is_file() else {}
         overrides = env.get("overrides", {})
+        recorded = overrides.get("plugins_dirs") or []
+        if recorded:  # the plugin directories the run started with, then any given now
+            given = getattr(arguments, "plugins_dir", None) or []
+            registry = registry_module.configure([*recorded, *given])
         spec = apply_overrides(load_spec(store.path(SPEC), registry), registry, overrides)
     else:
         if not arguments.spec:

@@ -429,3 +429,17 @@ def test_a_run_with_an_erroring_cell_exits_1(spec_file, tmp_path, write_plugin, 
         ]
     )
     assert code == 1 and "raised an error" in capsys.readouterr().err
+
+
+def test_resume_finds_the_plugin_directories_the_run_started_with(
+    spec_file, tmp_path, write_plugin, capsys
+):
+    plugin = write_plugin("flaky.py", FLAKY_PLUGIN)
+    common = ["--variants", "vanilla,flaky", "--seq-lens", "8", "--out", str(tmp_path)]
+    main(["run", spec_file(TINY), *common, "--plugins-dir", str(plugin.parent)])
+    (run_dir,) = (tmp_path / "tiny").iterdir()
+    rows = RunStore(run_dir).path("results.jsonl")
+    rows.write_text("".join(rows.read_text().splitlines(keepends=True)[:2]))  # lose flaky's
+    configure([])  # a new shell: no --plugins-dir given
+    assert main(["run", "--resume", str(run_dir)]) == 0
+    assert {row["variant"] for row in RunStore(run_dir).rows()} == {"vanilla", "flaky"}
