@@ -32,8 +32,7 @@ from matplotlib.figure import Figure
 
 from playground.errors import PlaygroundError
 from playground.plots import variant_colour
-
-PASS_TITLES = {"forward": "forward", "forward_backward": "forward + backward"}
+from playground.plots.style import PASS_TITLES
 
 
 @dataclass(frozen=True)

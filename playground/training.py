@@ -31,7 +31,6 @@ class TrainConfig:
     warmup_fraction: float = 0.1
     """Share of the steps spent ramping the learning rate up linearly from 0."""
     gradient_clip: float = 1.0
-    eval_batch_size: int = 256
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.batch_size < 1:

@@ -14,6 +14,7 @@ from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
 
 from playground.plots.data import OK, Run
 from playground.plots.style import (
+    PASS_TITLES,
     failure_note,
     finish,
     legend,
@@ -25,8 +26,6 @@ from playground.plots.style import (
     status_handles,
 )
 from playground.summary import exponents
-
-PASS_TITLES = {"forward": "forward", "forward_backward": "forward + backward"}
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,9 @@ DPI = 130
 PANEL_SIZE = (5.2, 3.9)
 """Inches per panel; the legend column and footnote add to it."""
 
+PASS_TITLES = {"forward": "forward", "forward_backward": "forward + backward"}
+"""How a pass is named in titles and legends."""
+
 
 def variant_colour(variant: str) -> str:
     """A variant's colour, the same in every figure: fixed for the shipped variants, from
