@@ -3,18 +3,29 @@ log-log scaling exponent of a series. Every number the playground reports comes 
 here; none is typed in.
 
 - Time: `torch.utils.benchmark.Timer.blocked_autorange` (it synchronises CUDA), after a
-  warm-up call; median and interquartile range.
+  warm-up call; median and interquartile range. The Timer runs on one thread unless told
+  otherwise, so every timing here names its thread count (default: the process's own,
+  `torch.get_num_threads()`) and records it in `Timing.threads`.
 - Peak memory on CPU: the allocator's `[memory]` events recorded by the torch profiler
   (`profile_memory=True`), summed in time order; the peak of the running sum is the most
   bytes held at once above what existed before the call. Deterministic, unlike RSS.
+  The profiler's native library writes `USDT: ... profiler_start/profiler_stop` lines
+  straight to the process's stderr; they are filtered out (`without_profiler_chatter`),
+  everything else written meanwhile is passed on.
 - Peak memory on CUDA: `torch.cuda.max_memory_allocated` above the allocation at start.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Sequence
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import IO
 
 import torch
 from torch.utils import benchmark
@@ -25,15 +36,82 @@ class Timing:
     median_s: float
     iqr_s: float
     runs: int
+    threads: int
+    """The torch intra-op thread count every timed call ran with."""
 
 
-def time_call(fn: Callable[[], object], min_run_time: float = 0.5) -> Timing:
-    """Median and IQR of `fn()` in seconds, after one warm-up call."""
-    fn()
-    measurement = benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(
-        min_run_time=min_run_time
-    )
-    return Timing(measurement.median, measurement.iqr, len(measurement.times))
+def resolve_threads(threads: int | None) -> int:
+    """The thread count to measure with: `threads`, or the process's own when None."""
+    if threads is None:
+        return torch.get_num_threads()
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive integer; got {threads!r}")
+    return threads
+
+
+@contextlib.contextmanager
+def using_threads(threads: int | None) -> Iterator[int]:
+    """torch.set_num_threads(threads) inside the block, the previous count after it;
+    yields the count in use."""
+    count = resolve_threads(threads)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield count
+    finally:
+        torch.set_num_threads(previous)
+
+
+def time_call(
+    fn: Callable[[], object], min_run_time: float = 0.5, threads: int | None = None
+) -> Timing:
+    """Median and IQR of `fn()` in seconds, after one warm-up call, every call on
+    `threads` torch threads (default: torch.get_num_threads())."""
+    with using_threads(threads) as count:
+        fn()
+        timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=count)
+        measurement = timer.blocked_autorange(min_run_time=min_run_time)
+    return Timing(measurement.median, measurement.iqr, len(measurement.times), count)
+
+
+PROFILER_CHATTER = re.compile(
+    rb"^[A-Z]+:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \w+\.cpp:\d+\] .*\n?", re.MULTILINE
+)
+"""A line that kineto (the profiler's native library) logs by itself, e.g.
+`USDT:2026-01-01 10:00:00 4856:4856 SyncActivityProfilerHandler.cpp:52] profiler_start`."""
+
+
+@contextlib.contextmanager
+def without_profiler_chatter() -> Iterator[None]:
+    """Catch what is written to file descriptors 1 and 2 inside the block and pass it on
+    afterwards, less the profiler's own log lines. The native library writes to the
+    descriptors directly, below sys.stdout, so they are swapped for temporary files."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    saved: list[tuple[int, int, IO[bytes]]] = []
+    with contextlib.ExitStack() as captures:
+        try:
+            for descriptor in (1, 2):
+                try:
+                    original = os.dup(descriptor)
+                except OSError:  # closed (a daemon, say): nothing to protect
+                    continue
+                capture = captures.enter_context(tempfile.TemporaryFile())
+                os.dup2(capture.fileno(), descriptor)
+                saved.append((descriptor, original, capture))
+            yield
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            for descriptor, original, capture in saved:
+                os.dup2(original, descriptor)
+                os.close(original)
+                capture.seek(0)
+                kept = PROFILER_CHATTER.sub(b"", capture.read())
+                if kept:
+                    os.write(descriptor, kept)
 
 
 def peak_memory_bytes(fn: Callable[[], object], device: torch.device | str = "cpu") -> int:
@@ -46,9 +124,12 @@ def peak_memory_bytes(fn: Callable[[], object], device: torch.device | str = "cp
         fn()
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - start
-    with torch.profiler.profile(
-        activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
-    ) as profile:
+    with (
+        without_profiler_chatter(),
+        torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+        ) as profile,
+    ):
         fn()
     # The raw allocator records: FunctionEvents fold allocations made inside an op into
     # the op's net memory, which would hide a temporary's peak.
@@ -68,11 +149,13 @@ def gemm_flops_per_second(
     dtype: torch.dtype = torch.float32,
     size: int = 2048,
     min_run_time: float = 0.5,
+    threads: int | None = None,
 ) -> float:
-    """Throughput of a large square matmul: the practical ceiling for efficiency."""
+    """Throughput of a large square matmul on `threads` torch threads (default:
+    torch.get_num_threads()): the practical ceiling for efficiency."""
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
-    timing = time_call(lambda: a @ b, min_run_time)
+    timing = time_call(lambda: a @ b, min_run_time, threads)
     return 2 * size**3 / timing.median_s
 
 

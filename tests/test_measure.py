@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -43,3 +45,40 @@ def test_time_call_times_the_call():
     calls = []
     timing = time_call(lambda: calls.append(1), min_run_time=0.01)
     assert timing.median_s > 0 and timing.runs >= 1 and len(calls) > timing.runs
+
+
+def test_time_call_runs_every_call_on_the_threads_it_records():
+    seen: list[int] = []
+    timing = time_call(lambda: seen.append(torch.get_num_threads()), min_run_time=0.01)
+    assert timing.threads == torch.get_num_threads()
+    assert set(seen) == {timing.threads}
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_time_call_uses_the_thread_count_asked_for(threads):
+    before = torch.get_num_threads()
+    seen: list[int] = []
+    timing = time_call(lambda: seen.append(torch.get_num_threads()), 0.01, threads=threads)
+    assert timing.threads == threads and set(seen) == {threads}
+    assert torch.get_num_threads() == before  # restored afterwards
+
+
+@pytest.mark.parametrize("threads", [0, -1, 1.5, True])
+def test_time_call_refuses_a_thread_count_that_is_not_positive(threads):
+    with pytest.raises(ValueError, match="positive integer"):
+        time_call(lambda: None, 0.01, threads=threads)
+
+
+def test_peak_memory_prints_nothing_to_the_terminal(capfd):
+    peak_memory_bytes(lambda: torch.empty(1000, 1000))
+    assert capfd.readouterr() == ("", "")
+
+
+def test_peak_memory_passes_on_what_the_call_itself_writes(capfd):
+    def noisy() -> None:
+        os.write(1, b"to stdout\n")
+        os.write(2, b"to stderr\n")
+        torch.empty(10)
+
+    peak_memory_bytes(noisy)
+    assert capfd.readouterr() == ("to stdout\n", "to stderr\n")
