@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
@@ -104,6 +105,18 @@ def _median_ms(
             median_ms = benchmark["stats"]["median"] * 1e3
             panels[(info["pass_name"], int(info["seq_len"]))][label].append((index, median_ms))
     return panels
+
+
+def normalised_time(benchmark: dict[str, Any]) -> float | None:
+    """A saved benchmark's time in units of the reference matmul timed just before each of
+    its rounds (tests/benchmarks/reference.py): the median over rounds of round time over
+    reference time, so that the load on a shared machine, which slows both, divides out.
+    None for a run saved without reference timings."""
+    info = benchmark.get("extra_info", {})
+    rounds, references = info.get("round_times_s"), info.get("reference_times_s")
+    if not rounds or not references or len(rounds) != len(references):
+        return None
+    return statistics.median(r / reference for r, reference in zip(rounds, references, strict=True))
 
 
 def median_steps(runs: Sequence[SavedRun]) -> dict[str, float]:

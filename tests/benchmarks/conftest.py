@@ -7,6 +7,11 @@ named on the command line: `pytest tests/benchmarks --bench-seq-lens ...`) or fr
 `PLAYGROUND_BENCH_SEQ_LENS` environment variable (works from anywhere); the option wins.
 `PLAYGROUND_BENCH_DEVICE=cuda` times on the GPU.
 
+Threads. The suite times with `PLAYGROUND_BENCH_THREADS` CPU threads (default: torch's own
+count, `torch.get_num_threads()`, which is what `playground run` times with), set once when
+the suite loads and recorded in the saved machine info and every benchmark's `extra_info`:
+the gates refuse to compare runs timed with different counts.
+
 Everything else (variants and their options, d_model, heads, batch, dtype) is the quick
 spec's (`experiments/quick.toml`), so a benchmark here and a `playground compare` cell are
 the same workload, timed by two different harnesses.
@@ -19,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import torch
 
 from playground.measure import gemm_flops_per_second
 from playground.registry import default_registry
@@ -27,6 +33,7 @@ from playground.spec import Spec, VariantRun, load_spec
 
 SEQ_LENS_ENV = "PLAYGROUND_BENCH_SEQ_LENS"
 DEVICE_ENV = "PLAYGROUND_BENCH_DEVICE"
+THREADS_ENV = "PLAYGROUND_BENCH_THREADS"
 SMOKE_SEQ_LENS = (32,)
 PASSES = ("forward", "forward_backward")
 
@@ -84,6 +91,24 @@ def _seq_lens(config: pytest.Config) -> tuple[tuple[int, ...], bool]:
     if os.environ.get(SEQ_LENS_ENV):
         return _parse_seq_lens(os.environ[SEQ_LENS_ENV], SEQ_LENS_ENV), False
     return SMOKE_SEQ_LENS, True
+
+
+def bench_threads() -> int:
+    """The CPU thread count to time with: $PLAYGROUND_BENCH_THREADS, else torch's own."""
+    text = os.environ.get(THREADS_ENV, "").strip()
+    if not text:
+        return torch.get_num_threads()
+    if not text.isdigit() or int(text) < 1:
+        raise pytest.UsageError(
+            f"{THREADS_ENV} takes a positive integer (the CPU threads to time with), "
+            f"like 2; got {text!r}. Unset it to use torch's default."
+        )
+    return int(text)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Once, before anything is timed or the machine info is read.
+    torch.set_num_threads(bench_threads())
 
 
 def _device() -> str:

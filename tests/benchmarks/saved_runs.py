@@ -1,5 +1,5 @@
 """Synthetic saved runs in pytest-benchmark's storage layout, for the tests of the
-memory gate and of the history plot."""
+memory and time gates and of the history plot."""
 
 from __future__ import annotations
 
@@ -23,12 +23,18 @@ def save_run(
     peaks: dict[str, int],
     medians_s: dict[str, float] | None = None,
     machine: str = MACHINE,
+    mins_s: dict[str, float] | None = None,
+    reference_s: float = 0.005,
+    threads: int = 2,
     **machine_info: object,
 ) -> Path:
-    """A saved run as `--benchmark-autosave` writes it, with the fields the gate reads."""
+    """A saved run as `--benchmark-autosave` writes it, with the fields the gates read:
+    each benchmark's fastest round (`mins_s`, default 1 ms) and the reference matmul timed
+    before each of its rounds (fastest `reference_s`, and as much slower as each round)."""
     benchmarks = []
     for name, peak in peaks.items():
         variant, n, pass_name = name.split("-")
+        fastest = (mins_s or {}).get(name, 0.001)
         benchmarks.append(
             {
                 "name": f"test_attention[{name}]",
@@ -40,8 +46,15 @@ def save_run(
                     "seq_len": int(n[1:]),
                     "pass_name": pass_name,
                     "peak_memory_bytes": peak,
+                    "threads": threads,
+                    # three rounds, each as loaded as the reference timed before it
+                    "round_times_s": [fastest * 1.2, fastest, fastest * 1.1],
+                    "reference_times_s": [reference_s * 1.2, reference_s, reference_s * 1.1],
                 },
-                "stats": {"median": (medians_s or {}).get(name, 0.001), "min": 0.001},
+                "stats": {
+                    "median": (medians_s or {}).get(name, 0.001),
+                    "min": fastest,
+                },
             }
         )
     path = storage / machine / f"{number:04d}_abcdef0123_20260101_00000{number}.json"

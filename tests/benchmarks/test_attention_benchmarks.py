@@ -20,6 +20,8 @@ from playground.registry import default_registry
 from playground.runner import BACKWARD_FLOPS_FACTOR
 from playground.runner import workload as runner_workload  # time what `playground run` times
 from tests.benchmarks.conftest import BenchSettings
+from tests.benchmarks.reference import InterleavedReference, duration_s, rounds_for
+from tests.benchmarks.slowdown import injected_slowdowns, slowed_down
 
 
 def _synchronised(workload: Callable[[], None], device: str) -> Callable[[], None]:
@@ -72,13 +74,18 @@ def test_attention(
         num_heads=spec.num_heads,
         dtype=spec.dtype,
         device=device,
+        threads=torch.get_num_threads(),
         flops=flops,
     )
     timed = _synchronised(workload, device)
-    if bench_settings.smoke:
-        benchmark.pedantic(timed, rounds=1, iterations=1)
-    else:
-        benchmark(timed)
+    slowdowns = injected_slowdowns()
+    factor = slowdowns.get(f"{variant}-n{seq_len}-{pass_name}", slowdowns.get(variant))
+    if factor is not None:
+        timed, benchmark.extra_info["injected_slowdown"] = slowed_down(timed, factor)
+    call_s = duration_s(timed)
+    reference = InterleavedReference(device, spec.torch_dtype, call_s)
+    rounds = 1 if bench_settings.smoke else rounds_for(call_s, request.config)
+    benchmark.pedantic(timed, setup=reference, rounds=rounds, iterations=1)
     # Twice: the first profiled call after unprofiled ones reads high, by an amount that
     # varied between runs (1-4 MiB on forward+backward here), as the profiler misses the
     # frees of blocks allocated before it started (the previous call's gradients). The
@@ -95,4 +102,6 @@ def test_attention(
             gflops_per_s=flops / median_s / 1e9,
             efficiency=flops / median_s / gemm,
             gemm_flops_per_s=gemm,
+            round_times_s=list(benchmark.stats.stats.data),
+            reference_times_s=reference.times_s,
         )
