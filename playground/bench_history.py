@@ -6,10 +6,11 @@ variant's median time across runs.
     python -m playground.bench_history [.benchmarks] [--out bench_history.png]
     python -m playground.bench_history [.benchmarks] --noise
 
-`--noise` prints, per benchmark, the largest slow-down of its median from one saved run
-to the next: save a few runs of unchanged code (`nox -s bench` three to five times) and
-it tells how large a `--benchmark-compare-fail=median:N%` threshold must be on this
-machine to stay quiet when nothing changed.
+`--noise` prints, per benchmark, the largest slow-down from one saved run to the next of
+its raw median and of the figure the time gate compares (`normalised_time`): save a few
+runs of unchanged code (`nox -s bench` three to five times) and it tells how large the
+gate's threshold (PLAYGROUND_BENCH_FAIL_PERCENT) must be on this machine for unchanged
+code to raise no suspect.
 
 Only benchmarks of tests/benchmarks (those whose `extra_info` names a variant, a sequence
 length and a pass) are drawn; anything else saved in the same storage is ignored.
@@ -23,7 +24,7 @@ import os
 import statistics
 import sys
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -119,32 +120,51 @@ def normalised_time(benchmark: dict[str, Any]) -> float | None:
     return statistics.median(r / reference for r, reference in zip(rounds, references, strict=True))
 
 
-def median_steps(runs: Sequence[SavedRun]) -> dict[str, float]:
-    """Per benchmark, the largest relative increase of its median from one saved run to
-    the next (0.25 = 25 % slower); benchmarks saved in fewer than two runs are left out."""
-    medians: dict[str, list[float]] = defaultdict(list)
+def largest_steps(
+    runs: Sequence[SavedRun], figure: Callable[[dict[str, Any]], float | None]
+) -> dict[str, float]:
+    """Per benchmark, the largest relative increase of `figure` from one saved run to the
+    next (0.25 = 25 % slower); benchmarks with the figure in fewer than two runs are left out."""
+    values: dict[str, list[float]] = defaultdict(list)
     for run in runs:
         for benchmark in run.attention_benchmarks():
-            medians[benchmark["name"]].append(benchmark["stats"]["median"])
+            value = figure(benchmark)
+            if value is not None:
+                values[benchmark["name"]].append(value)
     return {
-        name: max(after / before - 1 for before, after in pairwise(values))
-        for name, values in medians.items()
-        if len(values) >= 2
+        name: max(after / before - 1 for before, after in pairwise(series))
+        for name, series in values.items()
+        if len(series) >= 2
     }
 
 
+def median_steps(runs: Sequence[SavedRun]) -> dict[str, float]:
+    """Per benchmark, the largest step of its raw median between consecutive runs."""
+    return largest_steps(runs, lambda benchmark: benchmark["stats"]["median"])
+
+
 def print_noise(runs: Sequence[SavedRun]) -> None:
-    steps = median_steps(runs)
-    if not steps:
+    """The largest steps between consecutive runs of the raw median and of the figure the
+    time gate compares (`normalised_time`), per benchmark, worst first."""
+    medians, normalised = median_steps(runs), largest_steps(runs, normalised_time)
+    if not medians:
         raise PlaygroundError("the noise needs at least two saved runs of the same benchmarks")
-    for name, step in sorted(steps.items(), key=lambda item: -item[1]):
-        print(f"{step:+8.0%}  {name}")
-    ordered = sorted(steps.values())
-    worst_name = max(steps, key=steps.__getitem__)
+    print("  median  normalised  benchmark")
+    for name, step in sorted(medians.items(), key=lambda item: -normalised.get(item[0], item[1])):
+        gated = f"{normalised[name]:+10.0%}" if name in normalised else f"{'-':>10}"
+        print(f"{step:+8.0%}  {gated}  {name}")
+    for label, steps in (("median", medians), ("normalised time", normalised)):
+        if steps:
+            ordered = sorted(steps.values())
+            worst = max(steps, key=steps.__getitem__)
+            print(
+                f"{label}: largest step between consecutive runs ({len(runs)} runs, "
+                f"{len(steps)} benchmarks) {ordered[-1]:+.0%} ({worst}); median over "
+                f"benchmarks {ordered[len(ordered) // 2]:+.0%}"
+            )
     print(
-        f"largest step between consecutive runs ({len(runs)} runs, {len(steps)} benchmarks): "
-        f"{ordered[-1]:+.0%} ({worst_name}); median over benchmarks {ordered[len(ordered) // 2]:+.0%}. "
-        f"A median threshold above the largest step would not have failed on these runs."
+        "A time gate threshold above the largest normalised step would not have flagged a "
+        "suspect on these runs (the gate re-measures suspects before failing)."
     )
 
 
@@ -195,14 +215,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m playground.bench_history",
         description="Plot the median time of every variant across saved benchmark runs, "
-        "or (--noise) measure how much medians move between runs.",
+        "or (--noise) measure how much medians and normalised times move between runs.",
     )
     parser.add_argument("benchmark_dir", nargs="?", default=".benchmarks", help="storage")
     parser.add_argument("--out", default="bench_history.png", help="figure file to write")
     parser.add_argument(
         "--noise",
         action="store_true",
-        help="print each benchmark's largest median slow-down between consecutive runs",
+        help="print each benchmark's largest slow-down between consecutive runs",
     )
     arguments = parser.parse_args(argv)
     try:

@@ -3,8 +3,13 @@ pass, grouped by sequence length, on the quick spec's workload (see conftest.py)
 
 Each benchmark's `extra_info` records the variant, its options and shape, its FLOPs, its
 peak memory (deterministic on CPU: the allocator's own records) and, when timed, its
-throughput and efficiency against the session's GEMM ceiling. `nox -s bench` saves runs;
-`nox -s bench_compare` fails on a slower median or on any growth of peak memory.
+throughput and efficiency against the session's GEMM ceiling, its threads, and each
+round's time beside the reference matmul timed just before it (reference.py).
+`nox -s bench` saves runs; `nox -s bench_compare` fails on a confirmed slow-down
+(time_gate.py) or on any growth of peak memory (memory_gate.py).
+
+`PLAYGROUND_BENCH_INJECT_SLOWDOWN` slows chosen benchmarks on purpose (slowdown.py), to
+prove the time gate catches it.
 """
 
 from __future__ import annotations

@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 from matplotlib.image import imread
 
-from playground.bench_history import load_saved_runs, main, median_steps, plot_history
+from playground.bench_history import (
+    largest_steps,
+    load_saved_runs,
+    main,
+    median_steps,
+    normalised_time,
+    plot_history,
+)
 from playground.errors import PlaygroundError
 from tests.benchmarks.saved_runs import save_run
 
@@ -54,3 +61,19 @@ def test_median_steps_is_the_largest_slow_down_between_consecutive_runs(tmp_path
     assert steps == {"test_attention[vanilla-n512-forward]": pytest.approx(0.5)}  # 8 → 12 ms
     assert main([str(tmp_path), "--noise"]) == 0
     assert "+50%" in capsys.readouterr().out
+
+
+def test_noise_reports_the_normalised_time_the_time_gate_compares(tmp_path, capsys):
+    """Twice the time on a machine twice as slow: the median steps +100 %, the gate's
+    figure not at all."""
+    name = "vanilla-n512-forward"
+    save_run(tmp_path, 1, {name: 1}, {name: 0.010}, mins_s={name: 0.010}, reference_s=0.002)
+    save_run(tmp_path, 2, {name: 1}, {name: 0.020}, mins_s={name: 0.020}, reference_s=0.004)
+    runs = load_saved_runs(tmp_path)
+    assert largest_steps(runs, normalised_time) == {f"test_attention[{name}]": pytest.approx(0)}
+    assert main([str(tmp_path), "--noise"]) == 0
+    out = capsys.readouterr().out
+    assert "   +100%         +0%  test_attention[vanilla-n512-forward]" in out
+    assert (
+        "normalised time: largest step between consecutive runs (2 runs, 1 benchmarks) +0%" in out
+    )

@@ -8,9 +8,9 @@ that survives the machine's own speed changes and a re-measurement.
 What is compared. Not a raw median: on a machine shared with other jobs a benchmark's
 time moves with the load on the cores, by far more than any threshold worth having.
 Each benchmark round is timed right after a fixed reference matmul (reference.py), and
-the gate compares `normalised_time` (playground.bench_history): the benchmark's fastest
-round over the reference's fastest, a figure of the code that a uniformly slower machine
-leaves unchanged, and that the load, which only ever adds time, disturbs least.
+the gate compares `normalised_time` (playground.bench_history): the median over rounds of
+the round's time over its reference's, a figure of the code that a uniformly slower
+machine leaves unchanged and that pairs each round with the load of its own moment.
 
 What fails. A benchmark whose normalised time exceeds the baseline's by more than the
 threshold is only a suspect. The suspects alone are measured again (pytest with their
