@@ -12,6 +12,7 @@ before anything runs. An error names the file and the key and says what would be
     passes = ["forward", "forward_backward"]
     measures = ["speed", "memory", "fidelity"]
     seed = 0
+    threads = 2                          # torch threads to measure with (default: torch's own)
 
     [timing]
     min_run_time = 0.2                   # seconds of timed runs per cell (after warm-up)
@@ -26,6 +27,10 @@ before anything runs. An error names the file and the key and says what would be
 
 A list is a sweep unless the option itself is a tuple: `global_tokens = [0]` is one value,
 `global_tokens = [[0], [0, 1]]` sweeps two.
+
+`name` names a directory under the results root, so it is a name, never a path: letters,
+digits, `_` and `-`. No cell may appear twice: a repeated length, pass, variant point or
+task is an error naming it (two rows would share one cell id).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import itertools
+import re
 import tomllib
 import types
 import typing
@@ -54,6 +60,8 @@ DTYPES = {
 }
 PASSES = ("forward", "forward_backward")
 MEASURES = ("speed", "memory", "fidelity", "accuracy")
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+"""A spec's name: the directory results/<name>/ is made of it, so no `/`, `.` or space."""
 
 
 class SpecError(ConfigError):
@@ -111,6 +119,8 @@ class Spec:
     passes: tuple[str, ...] = PASSES
     measures: tuple[str, ...] = ("speed", "memory", "fidelity")
     seed: int = 0
+    threads: int | None = None
+    """torch threads every cell is measured with; None = torch.get_num_threads()."""
     min_run_time: float = 0.2
     tasks: tuple[TaskRun, ...] = ()
     variant_options: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -135,6 +145,7 @@ _TOP_LEVEL: dict[str, Any] = {
     "passes": list[str],
     "measures": list[str],
     "seed": int,
+    "threads": int,
     "timing": dict,
     "tasks": list,
 }
@@ -224,6 +235,9 @@ def load_spec(path: str | Path, registry: Registry) -> Spec:
             fail(key, f"must be {_type_name(_TOP_LEVEL[key])}; got {value!r}")
     if "name" not in data:
         fail("name", "missing: every spec needs a name (results go to results/<name>/)")
+    problem = name_problem(data["name"])
+    if problem:
+        fail("name", problem)
     timing = data.get("timing", {})
     for key, value in timing.items():
         if key not in _TIMING:
@@ -239,10 +253,14 @@ def load_spec(path: str | Path, registry: Registry) -> Spec:
                 fail(key, f"{item!r} is not one of {', '.join(valid)}" + _suggest(item, valid))
         if key in data and not data[key]:
             fail(key, f"is empty; give at least one of {', '.join(valid)}")
-    for key in ("seq_lens", "batch_size", "d_model", "num_heads"):
+    for key in ("seq_lens", "batch_size", "d_model", "num_heads", "threads"):
         values = data.get(key, [1]) if key == "seq_lens" else [data.get(key, 1)]
         if not values or any(v < 1 for v in values):
             fail(key, f"must be positive; got {data.get(key)!r}")
+    for key in ("seq_lens", "passes", "measures"):
+        repeated = _repeated(data.get(key, []))
+        if repeated:
+            fail(key, f"lists {repeated} more than once; give each once")
     d_model, num_heads = data.get("d_model", 512), data.get("num_heads", 8)
     if d_model % num_heads:
         fail("d_model", f"{d_model} is not divisible by num_heads = {num_heads}")
@@ -266,12 +284,21 @@ def load_spec(path: str | Path, registry: Registry) -> Spec:
         _check_variant_name(name, registry, path, f"variants[{index}].name")
         options = {**overrides.get(name, {}), **{k: v for k, v in entry.items() if k != "name"}}
         variants.extend(expand_variant(name, options, registry, where))
+    repeated = _repeated(variant.label for variant in variants)
+    if repeated:
+        raise SpecError(
+            f"{path}: key 'variants': the point {repeated} is listed more than once (its "
+            f"cells would be measured twice); remove the repeated [[variants]] table or value"
+        )
     if "accuracy" in data.get("measures", []) and not data.get("tasks"):
         fail("tasks", "measures include 'accuracy' but no tasks are given")
     tasks = tuple(
         _task_run(entry, index, registry, path, data.get("seed", Spec.seed))
         for index, entry in enumerate(data.get("tasks", []))
     )
+    repeated = _repeated(task.label for task in tasks)
+    if repeated:
+        fail("tasks", f"the task {repeated} is listed more than once; remove the repeated table")
 
     return Spec(
         name=data["name"],
@@ -288,23 +315,56 @@ def load_spec(path: str | Path, registry: Registry) -> Spec:
         passes=tuple(data.get("passes", Spec.passes)),
         measures=tuple(data.get("measures", Spec.measures)),
         seed=data.get("seed", Spec.seed),
+        threads=data.get("threads", Spec.threads),
         min_run_time=float(timing.get("min_run_time", Spec.min_run_time)),
         tasks=tasks,
         variant_options=overrides,
     )
 
 
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot name the directory <out>/<name>/ of a run; None when it can."""
+    if NAME_PATTERN.fullmatch(name):
+        return None
+    suggestion = re.sub(r"[^A-Za-z0-9_-]+", "_", name).strip("_-")
+    return (
+        f"{name!r} is not a name: results go to <out>/<name>/, so it must be letters, "
+        f"digits, '_' or '-', starting with a letter or digit (no '/', '.' or spaces)"
+        + (f"; for example {suggestion!r}" if NAME_PATTERN.fullmatch(suggestion) else "")
+    )
+
+
+def _repeated(values: typing.Iterable[Any]) -> str | None:
+    """The first value that occurs twice, as repr; None when all differ."""
+    seen: set[Any] = set()
+    for value in values:
+        if value in seen:
+            return repr(value)
+        seen.add(value)
+    return None
+
+
 def apply_overrides(spec: Spec, registry: Registry, overrides: dict[str, Any]) -> Spec:
-    """The command line's --device, --seq-lens and --variants on top of a loaded spec.
+    """The command line's --device, --seq-lens, --threads and --variants on top of a loaded
+    spec.
 
     --variants keeps the spec's sweep of each named variant; a variant the spec does not
-    list runs with its defaults and the spec's [options.NAME] table."""
+    list runs with its defaults and the spec's [options.NAME] table. A length or variant
+    named twice is an error naming it."""
     changes: dict[str, Any] = {}
     if overrides.get("device"):
         changes["device"] = overrides["device"]
+    if overrides.get("threads"):
+        changes["threads"] = overrides["threads"]
     if overrides.get("seq_lens"):
+        repeated = _repeated(overrides["seq_lens"])
+        if repeated:
+            raise SpecError(f"--seq-lens names {repeated} more than once; give each length once")
         changes["seq_lens"] = tuple(overrides["seq_lens"])
     if overrides.get("variants"):
+        repeated = _repeated(overrides["variants"])
+        if repeated:
+            raise SpecError(f"--variants names {repeated} more than once; give each name once")
         chosen: list[VariantRun] = []
         for name in overrides["variants"]:
             _check_variant_name(name, registry, spec.path, "--variants")
