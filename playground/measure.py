@@ -75,10 +75,13 @@ def time_call(
 
 
 PROFILER_CHATTER = re.compile(
-    rb"^[A-Z]+:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \w+\.cpp:\d+\] .*\n?", re.MULTILINE
+    rb"^(?:[A-Z]+:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \w+\.cpp:\d+\] .*"
+    rb"|\[[A-Z]\d{4} [\d:.]+ \w+\.cpp:\d+\] .*profil.*)(?:\n|$)",
+    re.MULTILINE,
 )
-"""A line that kineto (the profiler's native library) logs by itself, e.g.
-`USDT:2026-01-01 10:00:00 4856:4856 SyncActivityProfilerHandler.cpp:52] profiler_start`."""
+"""A line the profiler's native libraries log by themselves: kineto's
+`USDT:2026-01-01 10:00:00 4856:4856 SyncActivityProfilerHandler.cpp:52] profiler_start`,
+and c10's `[W1201 07:57:36.768 CPUAllocator.cpp:245] ... before the profiling started ...`."""
 
 
 @contextlib.contextmanager
@@ -110,8 +113,8 @@ def without_profiler_chatter() -> Iterator[None]:
                 os.close(original)
                 capture.seek(0)
                 kept = PROFILER_CHATTER.sub(b"", capture.read())
-                if kept:
-                    os.write(descriptor, kept)
+                while kept:  # os.write may take only part of it
+                    kept = kept[os.write(descriptor, kept) :]
 
 
 def peak_memory_bytes(fn: Callable[[], object], device: torch.device | str = "cpu") -> int:

@@ -2,13 +2,20 @@
 
     results/<experiment>/<timestamp>/
         results.jsonl   one JSON object per measured cell, flushed and fsynced on write
-        env.json        torch version, device, threads, git commit, GEMM throughput, ...
+        env.json        torch version, device, threads, git commit, GEMM throughput,
+                        the command-line overrides (written before the GEMM is measured)
         spec.toml       the spec as it was when the run started (resume re-reads it)
         summary.csv     derived from results.jsonl (playground.summary): costs
         accuracy.csv    derived too: accuracy per variant and task (when measured)
+        results.rejected.jsonl   lines `playground repair` moved out of results.jsonl
 
 Two runs never share a directory: it is created with `exist_ok=False`, and a clash
 (two runs in the same second) takes the next free suffix.
+
+A damaged file (a line that is not a row, undecodable bytes, a cut env.json, a folder
+where a file belongs) is a DamagedRun error naming the file, the line and the way out;
+nothing is ever appended after an invalid line. `RunStore.repair()` moves what cannot be
+read aside, byte for byte, so that a resume measures those cells again.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import json
 import os
 import platform
 import subprocess
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +39,107 @@ ENV = "env.json"
 SPEC = "spec.toml"
 SUMMARY = "summary.csv"
 ACCURACY = "accuracy.csv"
+REJECTED = "results.rejected.jsonl"
+REJECTED_ENV = "env.rejected.json"
+
+STATUSES = ("ok", "unsupported", "oom", "error", "invalid")
+"""A row's status; only `ok` rows are measurements (see DESIGN.md, Results)."""
+
+
+class DamagedRun(PlaygroundError, ValueError):
+    """A file of a run directory cannot be read; the message names it and the way out."""
+
+
+class UnwritablePlace(PlaygroundError, OSError):
+    """A file or directory the playground must write cannot be written."""
+
+
+def unwritable(path: Path, error: OSError, hint: str) -> UnwritablePlace:
+    """The error for an OSError met while writing `path`."""
+    reason = error.strerror or type(error).__name__
+    if isinstance(error, (FileExistsError, NotADirectoryError)) or "exist" in reason.lower():
+        reason += " (a file stands where a directory is needed)"
+    return UnwritablePlace(f"cannot write {path}: {reason}; {hint}")
+
+
+@dataclass(frozen=True)
+class BadLine:
+    """A line of results.jsonl that is not a row."""
+
+    number: int
+    raw: bytes
+    reason: str
+
+
+@dataclass
+class Repair:
+    """What RunStore.repair() moved aside."""
+
+    lines: list[BadLine] = field(default_factory=list)
+    moved: list[tuple[Path, Path]] = field(default_factory=list)
+    """(from, to) of whole files or directories set aside."""
+
+    def __bool__(self) -> bool:
+        return bool(self.lines or self.moved)
+
+
+def row_problem(row: Any) -> str | None:
+    """Why a decoded line is not a row of results.jsonl; None when it is one."""
+    if not isinstance(row, dict):
+        return f"is a JSON {type(row).__name__}, not an object"
+    for key in ("cell", "variant", "label", "status"):
+        if not isinstance(row.get(key), str):
+            return f"has no {key!r} string"
+    if row["status"] not in STATUSES:
+        return f"has status {row['status']!r}, not one of {', '.join(STATUSES)}"
+    is_cost = "task" not in row
+    if is_cost and not (isinstance(row.get("seq_len"), int) and isinstance(row.get("pass"), str)):
+        return "is a cost row without an integer 'seq_len' and a 'pass'"
+    return None
+
+
+def _parse_lines(data: bytes) -> tuple[list[dict[str, Any]], list[BadLine], bool]:
+    """(rows, bad lines, whether the last line is cut short) of results.jsonl's bytes.
+
+    A last line without its newline is what a crash mid-write leaves: kept when it is a
+    whole row, else reported as cut (a resume measures that cell again)."""
+    pieces = data.split(b"\n")
+    cut = pieces.pop()  # b"" when the file ends with a newline
+    rows: list[dict[str, Any]] = []
+    bad: list[BadLine] = []
+    first_line_of: dict[str, int] = {}
+
+    def decode(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
+        if not raw.strip():
+            return None, "is blank"
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            return None, f"is not UTF-8 text (byte {error.start + 1})"
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError as error:
+            return None, f"is not JSON ({error.msg} at column {error.colno})"
+        reason = row_problem(row)
+        if reason is None and row["cell"] in first_line_of:
+            reason = f"repeats cell {row['cell']!r} of line {first_line_of[row['cell']]}"
+        return (row, None) if reason is None else (None, reason)
+
+    for number, raw in enumerate(pieces, start=1):
+        row, reason = decode(raw)
+        if row is None:
+            bad.append(BadLine(number, raw, str(reason)))
+        else:
+            first_line_of[row["cell"]] = number
+            rows.append(row)
+    cut_short = False
+    if cut:
+        row, _ = decode(cut)
+        if row is None:
+            cut_short = True
+        else:
+            rows.append(row)
+    return rows, bad, cut_short
 
 
 class RunStore:
@@ -39,9 +148,19 @@ class RunStore:
 
     @classmethod
     def create(cls, out: str | os.PathLike[str], experiment: str) -> RunStore:
-        """A new, empty run directory under out/<experiment>/."""
-        parent = Path(out) / experiment
-        parent.mkdir(parents=True, exist_ok=True)
+        """A new, empty run directory under out/<experiment>/; `experiment` is a name,
+        never a path (see playground.spec.name_problem)."""
+        root = Path(out)
+        parent = root / experiment
+        if Path(experiment).name != experiment or experiment in ("", ".", ".."):
+            raise PlaygroundError(f"experiment name {experiment!r} is a path, not a name")
+        hint = "give --out a directory you can write to"
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise unwritable(parent, error, hint) from None
+        if not parent.resolve().is_relative_to(root.resolve()):  # a symbolic link out
+            raise PlaygroundError(f"{parent} leads outside {root}; remove that link")
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         for attempt in range(1000):
             directory = parent / (stamp if attempt == 0 else f"{stamp}-{attempt}")
@@ -49,14 +168,22 @@ class RunStore:
                 directory.mkdir()
             except FileExistsError:
                 continue
+            except OSError as error:
+                raise unwritable(directory, error, hint) from None
             return cls(directory)
-        raise RuntimeError(f"could not create a fresh run directory under {parent}")
+        raise PlaygroundError(f"could not create a fresh run directory under {parent}")
 
     @classmethod
     def existing(cls, directory: str | os.PathLike[str]) -> RunStore:
         """An earlier run's directory, to resume or to read."""
         store = cls(directory)
-        if not (store.directory / SPEC).is_file():
+        spec = store.path(SPEC)
+        if spec.is_dir():
+            raise DamagedRun(
+                f"{spec} is a directory, not the run's spec file; move it away and put the "
+                f"spec the run started with there (a TOML file), then resume"
+            )
+        if not spec.is_file():
             raise PlaygroundError(
                 f"{directory} is not a run directory (no {SPEC}); runs live in "
                 f"results/<experiment>/<timestamp>/"
@@ -66,44 +193,170 @@ class RunStore:
     def path(self, name: str) -> Path:
         return self.directory / name
 
-    def append(self, row: dict[str, Any]) -> None:
-        """Write one finished cell, durably, before the next one starts. A last line cut
-        short by a crash is dropped first, so the new row starts a line of its own."""
-        self._drop_cut_line()
-        with open(self.path(ROWS), "a", encoding="utf-8") as file:
-            file.write(json.dumps(row, sort_keys=True) + "\n")
-            file.flush()
-            os.fsync(file.fileno())
+    def _repair_hint(self) -> str:
+        return f"run `playground repair {self.directory}` to set it aside"
 
-    def _drop_cut_line(self) -> None:
-        path = self.path(ROWS)
-        if not path.is_file() or path.stat().st_size == 0:
-            return
-        data = path.read_bytes()
-        if not data.endswith(b"\n"):
-            with open(path, "r+b") as file:
-                file.truncate(data.rfind(b"\n") + 1)
+    def _read_bytes(self, name: str) -> bytes | None:
+        """The file's bytes; None when it does not exist; DamagedRun when it cannot be read."""
+        path = self.path(name)
+        if path.is_dir():
+            raise DamagedRun(
+                f"{path} is a directory, not a file; {self._repair_hint()} (it is renamed, "
+                f"nothing is deleted), or move it away yourself"
+            )
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            raise DamagedRun(f"cannot read {path}: {error.strerror}") from None
+
+    def inspect(self) -> tuple[list[dict[str, Any]], list[BadLine], bool]:
+        """(rows, bad lines, last line cut short) of results.jsonl, raising only when the
+        file cannot be read at all."""
+        data = self._read_bytes(ROWS)
+        return _parse_lines(data) if data else ([], [], False)
 
     def rows(self) -> list[dict[str, Any]]:
         """Every recorded row. A last line cut short by a crash is ignored (that cell
-        counts as missing and a resume runs it again)."""
-        if not self.path(ROWS).is_file():
-            return []
-        lines = self.path(ROWS).read_text(encoding="utf-8").splitlines()
-        rows = []
-        for number, line in enumerate(lines, start=1):
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                if number != len(lines):
-                    raise ValueError(f"{self.path(ROWS)} line {number} is not JSON") from None
+        counts as missing and a resume runs it again); any other line that is not a row
+        is a DamagedRun error naming it."""
+        rows, bad, _ = self.inspect()
+        if bad:
+            first = bad[0]
+            more = f" (and {len(bad) - 1} more bad lines)" if len(bad) > 1 else ""
+            raise DamagedRun(
+                f"{self.path(ROWS)} line {first.number} {first.reason}{more}; run `playground "
+                f"repair {self.directory}` to move the bad lines to {REJECTED} (nothing is "
+                f"lost), then `playground run --resume {self.directory}` measures those cells "
+                f"again"
+            )
         return rows
 
+    def append(self, row: dict[str, Any]) -> None:
+        """Write one finished cell, durably, before the next one starts. The file is read
+        first: a damaged one is never appended to, and a last line cut short by a crash
+        is moved to results.rejected.jsonl, so the new row starts a line of its own."""
+        problem = row_problem(row)
+        if problem:
+            raise ValueError(f"not a row: it {problem}: {row!r}")
+        rows, bad, cut_short = self.inspect()
+        if bad:
+            self.rows()  # raises, naming the first bad line
+        if cut_short:
+            self.repair()
+        elif rows and not self.path(ROWS).read_bytes().endswith(b"\n"):
+            self._append_bytes(b"\n")  # a whole last row that lost only its newline
+        self._append_bytes((json.dumps(row, sort_keys=True) + "\n").encode("utf-8"))
+
+    def _append_bytes(self, data: bytes) -> None:
+        path = self.path(ROWS)
+        try:
+            with open(path, "ab") as file:
+                file.write(data)
+                file.flush()
+                os.fsync(file.fileno())
+        except OSError as error:
+            raise unwritable(path, error, "check the run directory") from None
+
+    def repair(self) -> Repair:
+        """Set aside what cannot be read: bad lines of results.jsonl (and a cut last one)
+        go to results.rejected.jsonl as {"line", "reason", "text"} objects (the text
+        decoded with surrogateescape, so the bytes are recoverable), a directory standing
+        where results.jsonl or env.json belongs and an unreadable env.json are renamed.
+        The cells whose lines moved count as missing: a resume measures them again."""
+        done = Repair()
+        for name in (ROWS, ENV):
+            if self.path(name).is_dir():
+                done.moved.append(self._set_aside(name, f"{name}.rejected"))
+        if self.path(ENV).is_file():
+            try:
+                self.read_json(ENV)
+            except DamagedRun:
+                done.moved.append(self._set_aside(ENV, REJECTED_ENV))
+        data = self._read_bytes(ROWS)
+        if not data:
+            return done
+        rows, bad, cut_short = _parse_lines(data)
+        if cut_short:
+            pieces = data.split(b"\n")
+            bad.append(BadLine(len(pieces), pieces[-1], "is cut short (no newline at the end)"))
+        if not bad:
+            return done
+        rejected = "".join(
+            json.dumps(
+                {
+                    "line": line.number,
+                    "reason": line.reason,
+                    "text": line.raw.decode("utf-8", "surrogateescape"),
+                }
+            )
+            + "\n"
+            for line in bad
+        )
+        path = self.path(REJECTED)
+        try:
+            with open(path, "a", encoding="utf-8") as file:
+                file.write(rejected)
+                file.flush()
+                os.fsync(file.fileno())
+        except OSError as error:
+            raise unwritable(path, error, "check the run directory") from None
+        kept = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows)
+        self.write_text(ROWS, kept)
+        done.lines = bad
+        return done
+
+    def _set_aside(self, name: str, target: str) -> tuple[Path, Path]:
+        source, destination = self.path(name), self.path(target)
+        suffix = 1
+        while destination.exists():
+            destination = self.path(f"{target}.{suffix}")
+            suffix += 1
+        source.rename(destination)
+        return source, destination
+
+    def write_text(self, name: str, text: str) -> Path:
+        """Replace a file of the run directory whole (written beside it, then renamed,
+        so a crash never leaves it cut short)."""
+        path = self.path(name)
+        partial = self.path(f".{name}.partial")
+        try:
+            partial.write_text(text, encoding="utf-8")
+            os.replace(partial, path)
+        except OSError as error:
+            raise unwritable(
+                path,
+                error,
+                "check that the run directory is writable and that no directory "
+                "stands where the file belongs",
+            ) from None
+        return path
+
     def write_json(self, name: str, data: dict[str, Any]) -> None:
-        self.path(name).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        self.write_text(name, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
     def read_json(self, name: str) -> dict[str, Any]:
-        return json.loads(self.path(name).read_text())
+        """A JSON object file of the run; DamagedRun naming the file when it is not one."""
+        path = self.path(name)
+        data = self._read_bytes(name)
+        if data is None:
+            raise DamagedRun(f"{path} is missing")
+        try:
+            value = json.loads(data.decode("utf-8"))
+        except UnicodeDecodeError as error:
+            reason = f"is not UTF-8 text (byte {error.start + 1})"
+        except json.JSONDecodeError as error:
+            reason = f"is not valid JSON ({error.msg} at line {error.lineno}, column {error.colno})"
+        else:
+            if isinstance(value, dict):
+                return value
+            reason = f"holds a JSON {type(value).__name__}, not an object"
+        raise DamagedRun(
+            f"{path} {reason}; restore it, or run `playground repair {self.directory}`, which "
+            f"renames it to {REJECTED_ENV}: a resume then measures the environment again "
+            f"(and the command-line overrides it held are lost: read them there)"
+        )
 
 
 def _git_commit() -> str | None:
@@ -131,8 +384,9 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def environment(device: str) -> dict[str, Any]:
-    """What produced the numbers: versions, device, threads, commit."""
+def environment(device: str, threads: int | None = None) -> dict[str, Any]:
+    """What produced the numbers: versions, device, node, the torch threads the cells are
+    measured with (default: torch.get_num_threads()), commit."""
     cuda = device == "cuda"
     return {
         "playground_version": playground.__version__,
@@ -142,7 +396,8 @@ def environment(device: str) -> dict[str, Any]:
         "device": device,
         "device_name": torch.cuda.get_device_name() if cuda else _cpu_name(),
         "cuda_version": torch.version.cuda if cuda else None,
-        "threads": torch.get_num_threads(),
+        "node": platform.node(),
+        "threads": torch.get_num_threads() if threads is None else threads,
         "git_commit": _git_commit(),
         "started_at": datetime.datetime.now().isoformat(timespec="seconds"),
     }

@@ -2,16 +2,20 @@
 and appended to the run's results.jsonl as it finishes.
 
 A cell that raises is recorded (`unsupported` for UnsupportedFeature, `oom` for an
-out-of-memory error, `error` otherwise, with the message) and the sweep goes on. Ctrl-C
-stops after writing nothing partial: finished rows stay, and `--resume RUN_DIR` runs only
-the cells that have no row yet.
+out-of-memory error, `error` otherwise, with the message) and the sweep goes on. A call
+whose result the contract forbids (not an AttentionOutput, an output not of shape
+(B, N, d_model), not of the run's dtype, or not finite) is recorded as `invalid` with the
+reason and without timings: only `ok` rows are measurements. Every call runs on the run's
+thread count (env.json `threads`, also in every row). Ctrl-C stops after writing nothing
+partial: finished rows stay, and `--resume RUN_DIR` runs only the cells that have no row
+yet.
 """
 
 from __future__ import annotations
 
 import gc
+import platform
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,10 +24,16 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from playground.accuracy import measure_accuracy
-from playground.contract import AttentionVariant
+from playground.contract import AttentionOutput, AttentionVariant
 from playground.errors import PlaygroundError, UnsupportedFeature
 from playground.fidelity import measure_fidelity
-from playground.measure import gemm_flops_per_second, peak_memory_bytes, time_call
+from playground.measure import (
+    gemm_flops_per_second,
+    peak_memory_bytes,
+    resolve_threads,
+    time_call,
+    using_threads,
+)
 from playground.registry import Registry
 from playground.results import ENV, SPEC, RunStore, environment
 from playground.spec import Spec, TaskRun, VariantRun
@@ -53,9 +63,14 @@ class Cell:
         return f"{self.variant.label}|n={self.seq_len}|{self.pass_name}"
 
 
+class InvalidOutput(PlaygroundError):
+    """A measured call returned something the attention contract forbids."""
+
+
 def plan(spec: Spec) -> list[Cell]:
-    """The cells of a spec, variant by variant: costs short sequences first, then tasks."""
-    cells = []
+    """The cells of a spec, variant by variant: costs short sequences first, then tasks.
+    Every cell id is unique (load_spec and apply_overrides refuse repeats)."""
+    cells: list[Cell] = []
     for variant in spec.variants:
         if any(measure in spec.measures for measure in COST_MEASURES):
             cells += [
@@ -65,6 +80,11 @@ def plan(spec: Spec) -> list[Cell]:
             ]
         if "accuracy" in spec.measures:
             cells += [Cell(variant, task=task) for task in spec.tasks]
+    seen: set[str] = set()
+    for cell in cells:
+        if cell.id in seen:
+            raise PlaygroundError(f"cell {cell.id!r} is planned twice; the spec repeats it")
+        seen.add(cell.id)
     return cells
 
 
@@ -87,29 +107,70 @@ def _is_out_of_memory(error: BaseException) -> bool:
     )
 
 
-def workload(module: AttentionVariant, tokens: torch.Tensor, pass_name: str) -> Callable[[], None]:
+def output_problem(result: object, shape: tuple[int, ...], dtype: torch.dtype) -> str | None:
+    """Why a call's result breaks the contract (an AttentionOutput whose output has
+    `shape` and `dtype` and is finite); None when it keeps it."""
+    if not isinstance(result, AttentionOutput):
+        return f"returned a {type(result).__name__}, not an AttentionOutput"
+    output = result.output
+    if not isinstance(output, torch.Tensor):
+        return f"returned an output that is a {type(output).__name__}, not a tensor"
+    if tuple(output.shape) != shape:
+        return f"output has shape {tuple(output.shape)}, not (B, N, d_model) = {shape}"
+    if output.dtype != dtype:
+        return f"output is {output.dtype} in a {dtype} run"
+    finite = torch.isfinite(output)
+    if not bool(finite.all()):
+        bad = int((~finite).sum())
+        return f"output has {bad} non-finite value(s) (NaN or inf) of {output.numel()}"
+    return None
+
+
+class Workload:
     """The call that is timed and profiled for one pass. Each call leaves nothing behind
     (forward+backward frees its gradients at the end), so every call, the profiled one
-    included, starts from the same memory state."""
-    if pass_name == "forward":
-        module.eval()
+    included, starts from the same memory state. The first call's result is checked
+    against the contract as it returns (before any timing), the latest one is kept
+    (detached) for `check()` after timing and after profiling."""
 
-        def forward() -> None:
+    def __init__(self, module: AttentionVariant, tokens: torch.Tensor, pass_name: str) -> None:
+        self.module = module
+        self.expected = (tokens.shape, tokens.dtype)
+        self.backward = pass_name == "forward_backward"
+        module.train(self.backward)
+        # As for a layer inside a model, the input needs a gradient too: the backward then
+        # does every product the ×3 FLOPs convention counts (weights and inputs).
+        self.tokens = tokens.detach().requires_grad_(True) if self.backward else tokens
+        self.latest: object = None
+        self.calls = 0
+
+    def __call__(self) -> None:
+        if not self.backward:
             with torch.no_grad():
-                module(tokens)
+                self.latest = self.module(self.tokens)
+        else:
+            result = self.module(self.tokens)
+            if not isinstance(result, AttentionOutput):
+                self.latest = result
+                self.check()
+            result.output.sum().backward()
+            self.module.zero_grad(set_to_none=True)  # held gradients would skew memory
+            self.tokens.grad = None
+            self.latest = AttentionOutput(result.output.detach(), None)
+        self.calls += 1
+        if self.calls == 1:
+            self.check()
 
-        return forward
-    module.train()
-    # As for a layer inside a model, the input needs a gradient too: the backward then does
-    # every product the ×3 FLOPs convention counts (weights and inputs).
-    tokens = tokens.detach().requires_grad_(True)
+    def check(self) -> None:
+        """InvalidOutput naming what is wrong with the latest call's result."""
+        shape, dtype = self.expected
+        problem = output_problem(self.latest, tuple(shape), dtype)
+        if problem:
+            raise InvalidOutput(problem)
 
-    def forward_backward() -> None:
-        module(tokens).output.sum().backward()
-        module.zero_grad(set_to_none=True)  # gradients held across calls would skew memory
-        tokens.grad = None
 
-    return forward_backward
+workload = Workload
+"""The name the benchmark suite and older tests import."""
 
 
 class Runner:
@@ -121,28 +182,40 @@ class Runner:
         self.store = store
         self.console = console or Console()
         self.gemm_flops: float | None = None
+        self.threads = resolve_threads(spec.threads)
+        """The torch threads every cell runs on; a resume keeps its run's count."""
         self.progress: Progress | None = None
 
     def start(self, overrides: dict[str, Any] | None = None) -> None:
-        """Record the environment and the spec, and measure the GEMM ceiling (once per
-        run: a resume reuses the figure its rows were computed against)."""
-        if (self.store.directory / ENV).is_file():
-            self.gemm_flops = self.store.read_json(ENV)["gemm_flops_per_s"]
-            return
-        check_device(self.spec.device)
-        # The spec first: a run interrupted while the GEMM is measured can still be resumed.
-        (self.store.directory / SPEC).write_text(self.spec.text)
-        self.console.print(f"measuring {self.spec.dtype} GEMM throughput on {self.spec.device}…")
-        self.gemm_flops = gemm_flops_per_second(self.spec.device, self.spec.torch_dtype)
-        env = environment(self.spec.device)
-        env.update(
-            gemm_flops_per_s=self.gemm_flops,
-            dtype=self.spec.dtype,
-            experiment=self.spec.name,
-            spec_file=str(self.spec.path),
-            overrides=overrides or {},
-        )
-        self.store.write_json(ENV, env)
+        """Record the spec and the environment (the overrides with it), then measure the
+        GEMM ceiling, once per run: a resume reuses the figure and the thread count its
+        rows were measured with. Both files are written before the GEMM, so a run
+        interrupted while it is measured resumes the cells it was asked for."""
+        if self.store.path(ENV).exists():
+            env = self.store.read_json(ENV)
+            self.threads = env.get("threads") or self.threads
+        else:
+            check_device(self.spec.device)
+            self.store.write_text(SPEC, self.spec.text)
+            env = environment(self.spec.device, self.threads)
+            env.update(
+                gemm_flops_per_s=None,
+                dtype=self.spec.dtype,
+                experiment=self.spec.name,
+                spec_file=str(self.spec.path),
+                overrides=overrides or {},
+            )
+            self.store.write_json(ENV, env)
+        if not env.get("gemm_flops_per_s"):
+            self.console.print(
+                f"measuring {self.spec.dtype} GEMM throughput on {self.spec.device} "
+                f"({self.threads} threads)…"
+            )
+            env["gemm_flops_per_s"] = gemm_flops_per_second(
+                self.spec.device, self.spec.torch_dtype, threads=self.threads
+            )
+            self.store.write_json(ENV, env)
+        self.gemm_flops = env["gemm_flops_per_s"]
 
     def pending(self) -> list[Cell]:
         done = {row["cell"] for row in self.store.rows()}
@@ -158,7 +231,10 @@ class Runner:
             TimeRemainingColumn(elapsed_when_finished=True),
         )
         finished = 0
-        with Progress(*columns, console=self.console, transient=False) as progress:
+        with (
+            using_threads(self.threads),
+            Progress(*columns, console=self.console, transient=False) as progress,
+        ):
             self.progress = progress  # accuracy cells add their training bars to it
             task = progress.add_task("cells", total=len(cells))
             try:
@@ -179,6 +255,9 @@ class Runner:
             "label": cell.variant.label,
             "options": cell.variant.options,
             "device": spec.device,
+            "node": platform.node(),
+            "threads": self.threads,
+            "gemm_flops_per_s": self.gemm_flops,
             "dtype": spec.dtype,
             "status": "ok",
             "error": None,
@@ -205,6 +284,8 @@ class Runner:
             row.update(self._measure(cell) if cell.task is None else self._train(cell))
         except UnsupportedFeature as error:
             row.update(status="unsupported", error=str(error))
+        except InvalidOutput as error:
+            row.update(status="invalid", error=str(error))
         except KeyboardInterrupt:
             raise
         except BaseException as error:  # one cell's failure must not end the sweep
@@ -246,14 +327,15 @@ class Runner:
         tokens = torch.randn(spec.batch_size, cell.seq_len, spec.d_model, generator=generator).to(
             spec.device, spec.torch_dtype
         )
-        run_pass = workload(module, tokens, cell.pass_name)
+        run_pass = Workload(module, tokens, cell.pass_name)
         fields: dict[str, Any] = {}
         flops = spec.batch_size * module.count_flops(cell.seq_len, cell.seq_len)
         if cell.pass_name == "forward_backward":
             flops *= BACKWARD_FLOPS_FACTOR
         fields["flops"] = flops
         if "speed" in spec.measures:
-            timing = time_call(run_pass, spec.min_run_time)
+            timing = time_call(run_pass, spec.min_run_time, self.threads)
+            run_pass.check()  # the last timed call
             fields.update(
                 time_ms=timing.median_s * 1e3,
                 time_iqr_ms=timing.iqr_s * 1e3,
@@ -262,7 +344,11 @@ class Runner:
                 efficiency=flops / timing.median_s / self.gemm_flops,
             )
         if "memory" in spec.measures:
+            run_pass.latest = None  # freed now, not inside the profile
             fields["peak_memory_bytes"] = peak_memory_bytes(run_pass, spec.device)
+            run_pass.check()
+        if run_pass.calls == 0:  # neither timed nor profiled: one call to check
+            run_pass()
         if "fidelity" in spec.measures and cell.pass_name == spec.passes[0]:
             try:
                 fields.update(

@@ -123,12 +123,12 @@ def test_list_valued_options_sweep_but_tuples_are_values(spec_file):
         [[variants]]
         name = "longformer"
         attention_window = 4
-        global_tokens = [[0], [0, 1]]
+        global_tokens = [[1], [0, 1]]
     """
     spec = load_spec(spec_file(TINY, extra), Registry.discover(entry_points=False))
     labels = [v.label for v in spec.variants]
     assert labels[:2] == ["linformer(k=4, seq_len=64)", "linformer(k=8, seq_len=64)"]
-    assert [v.options["global_tokens"] for v in spec.variants[2:]] == [[0], [0], [0, 1]]
+    assert [v.options["global_tokens"] for v in spec.variants[2:]] == [[0], [1], [0, 1]]
 
 
 def test_unset_variants_means_every_registered_one(spec_file, registry):
@@ -196,14 +196,20 @@ def test_interrupt_then_resume_gives_every_row_once(registry, spec_file, tmp_pat
     assert len(cells) == len(set(cells))
 
 
+def row(cell: str, **fields) -> dict:
+    """The fields every row of results.jsonl has, for a made-up cell."""
+    base = {"cell": cell, "variant": "v", "label": "v", "status": "ok", "seq_len": 8}
+    return {**base, "pass": "forward", **fields}
+
+
 def test_a_line_cut_short_by_a_crash_is_ignored_and_replaced(tmp_path):
     store = RunStore.create(tmp_path, "x")
-    store.append({"cell": "a"})
+    store.append(row("a"))
     with open(store.path("results.jsonl"), "a") as file:
         file.write('{"cell": "b", "ti')
-    assert store.rows() == [{"cell": "a"}]
-    store.append({"cell": "b"})  # what a resume does next
-    assert store.rows() == [{"cell": "a"}, {"cell": "b"}]
+    assert store.rows() == [row("a")]
+    store.append(row("b"))  # what a resume does next
+    assert store.rows() == [row("a"), row("b")]
 
 
 def test_two_runs_never_share_a_directory(tmp_path):
