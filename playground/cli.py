@@ -2,7 +2,8 @@
 
     playground [--plugins-dir DIR] list | info NAME | plugins | check [NAME ... | --all]
     playground run SPEC [--device cpu|cuda] [--variants a,b] [--seq-lens ...] [--out DIR]
-    playground run --resume RUN_DIR
+    playground run --resume RUN_DIR             [--threads N] on run and compare
+    playground repair RUN_DIR                   set aside what a resume cannot read
     playground compare [--device ...]           the main job: experiments/quick.toml
     playground new NAME [--from VARIANT] [--dir DIR]   scaffold plugins/NAME.py
     playground plot RUN_DIR [--out DIR] [--format png|svg|pdf] | --benchmarks
@@ -29,7 +30,7 @@ from playground.errors import PlaygroundError
 from playground.plots import FORMATS, plot_run
 from playground.registry import Registry, bundled_dir
 from playground.report import write_report
-from playground.results import ENV, ROWS, SPEC, RunStore
+from playground.results import ENV, REJECTED, ROWS, SPEC, RunStore, unwritable
 from playground.runner import Runner, check_device, plan
 from playground.spec import apply_overrides, load_spec
 from playground.summary import print_accuracy, print_summary, write_summary
@@ -120,6 +121,13 @@ def command_check(registry: Registry, arguments: argparse.Namespace) -> int:
     names = registry.names() if arguments.all else arguments.names
     classes = [registry.get(name) for name in names]  # unknown names fail before any check
     checks = [c for c in CHECKS if not arguments.k or arguments.k in c.__name__]
+    if not checks:
+        names = ", ".join(check.__name__ for check in CHECKS)
+        error_console.print(
+            f"no check name contains {escape(arguments.k)!r}; -k selects among: {names}",
+            soft_wrap=True,
+        )
+        return 2
     table = Table(title="Contract checks")
     for column in ("variant", "impl", "check", "status", "reason"):
         table.add_column(column)
@@ -148,31 +156,42 @@ def command_check(registry: Registry, arguments: argparse.Namespace) -> int:
     return 1 if counts["failed"] or load_errors else 0
 
 
+def _interrupted(store: RunStore, count: int | None = None) -> int:
+    done = (
+        ""
+        if count is None
+        else f" after {count} new cells; every finished row is in {store.path(ROWS)}"
+    )
+    console.print(
+        f"[yellow]interrupted[/yellow]{escape(done)}. Continue with: "
+        f"playground run --resume {escape(str(store.directory))}",
+        soft_wrap=True,
+    )
+    return 130
+
+
 def _execute(registry: Registry, store: RunStore, spec, overrides: dict) -> int:
     runner = Runner(spec, registry, store, console)
     try:
         runner.start(overrides)
+        pending = len(runner.pending())
+        console.print(
+            f"[bold]{spec.name}[/bold]: {len(plan(spec))} cells ({pending} to run, on "
+            f"{runner.threads} threads) → {store.directory}"
+        )
     except KeyboardInterrupt:
-        console.print(
-            f"[yellow]interrupted[/yellow]; resume with: playground run --resume {store.directory}"
-        )
-        return 130
-    pending = len(runner.pending())
-    console.print(
-        f"[bold]{spec.name}[/bold]: {len(plan(spec))} cells ({pending} to run) → {store.directory}"
-    )
+        return _interrupted(store)
     count, completed = runner.run()
-    lines = write_summary(store)
-    print_summary(lines, console)
-    print_accuracy(store.rows(), console)
-    if store.rows():
-        _plot_and_report(registry, store.directory, None, ("png",))
+    try:  # a second Ctrl-C (while the figures are drawn, say) ends with the same hint
+        lines = write_summary(store)
+        print_summary(lines, console)
+        print_accuracy(store.rows(), console)
+        if store.rows():
+            _plot_and_report(registry, store.directory, None, ("png",))
+    except KeyboardInterrupt:
+        return _interrupted(store, count)
     if not completed:
-        console.print(
-            f"[yellow]interrupted[/yellow] after {count} new cells; every finished row is in "
-            f"{store.path(ROWS)}. Continue with: playground run --resume {store.directory}"
-        )
-        return 130
+        return _interrupted(store, count)
     console.print(f"results: {store.directory}")
     errors = [row for row in store.rows() if row["status"] == "error"]
     if errors:
@@ -200,6 +219,7 @@ def _overrides(arguments: argparse.Namespace) -> dict:
     plugins_dirs = getattr(arguments, "plugins_dir", None) or []
     return {
         "device": arguments.device,
+        "threads": arguments.threads,
         "seq_lens": seq_lens,
         "variants": variants.split(",") if variants else None,
         # absolute, so a resume from another working directory finds the same plugins
@@ -216,6 +236,7 @@ def command_run(registry: Registry, arguments: argparse.Namespace) -> int:
                 ("--device", arguments.device),
                 ("--variants", arguments.variants),
                 ("--seq-lens", arguments.seq_lens),
+                ("--threads", arguments.threads),
             )
             if value
         ]
@@ -225,7 +246,8 @@ def command_run(registry: Registry, arguments: argparse.Namespace) -> int:
                 f"with; drop {', '.join(given)} (or start a new run without --resume)"
             )
         store = RunStore.existing(arguments.resume)
-        env = store.read_json(ENV) if store.path(ENV).is_file() else {}
+        store.rows()  # a damaged results.jsonl is refused before anything else
+        env = store.read_json(ENV) if store.path(ENV).exists() else {}
         overrides = env.get("overrides", {})
         recorded = overrides.get("plugins_dirs") or []
         if recorded:  # the plugin directories the run started with, then any given now
@@ -254,8 +276,18 @@ def command_compare(registry: Registry, arguments: argparse.Namespace) -> int:
 def _plot_and_report(
     registry: Registry, run_dir: Path, out: Path | None, formats: Sequence[str]
 ) -> None:
-    figures = plot_run(run_dir, out, formats, registry=registry)
-    html, markdown = write_report(run_dir, figures)
+    if out is not None and out.exists() and not out.is_dir():
+        raise PlaygroundError(f"--out {out} is a file; give a directory for the figures")
+    try:
+        figures = plot_run(run_dir, out, formats, registry=registry)
+    except OSError as error:
+        where = Path(error.filename) if error.filename else out or run_dir
+        raise unwritable(where, error, "give --out a directory you can write to") from None
+    try:
+        html, markdown = write_report(run_dir, figures)
+    except OSError as error:
+        where = Path(error.filename) if error.filename else run_dir
+        raise unwritable(where, error, "check that the run directory is writable") from None
     console.print(f"{len(figures)} figures in {figures[0].parent if figures else run_dir}")
     console.print(f"report: {html} (and {markdown.name})")
 
@@ -280,6 +312,30 @@ def command_plot(registry: Registry, arguments: argparse.Namespace) -> int:
     return 0
 
 
+def command_repair(registry: Registry, arguments: argparse.Namespace) -> int:
+    store = RunStore.existing(arguments.run_dir)
+    done = store.repair()
+    if not done:
+        console.print(f"nothing to repair in {escape(str(store.directory))}", soft_wrap=True)
+        return 0
+    for source, destination in done.moved:
+        console.print(f"moved {escape(str(source))} to {escape(destination.name)}", soft_wrap=True)
+    for line in done.lines:
+        console.print(f"line {line.number} {escape(line.reason)}", soft_wrap=True)
+    if done.lines:
+        console.print(
+            f"moved {len(done.lines)} line(s) to {escape(str(store.path(REJECTED)))} (kept "
+            f"as they were)",
+            soft_wrap=True,
+        )
+    console.print(
+        f"resume with: playground run --resume {escape(str(store.directory))} (it measures "
+        f"the cells of those lines again)",
+        soft_wrap=True,
+    )
+    return 0
+
+
 def command_new(registry: Registry, arguments: argparse.Namespace) -> int:
     from playground.scaffold import create_variant
 
@@ -292,6 +348,16 @@ def command_new(registry: Registry, arguments: argparse.Namespace) -> int:
     for command, purpose in scaffold.next_steps():
         console.print(f"  {command:<44} {purpose}", markup=False)
     return 0
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"takes a positive integer, like 2; got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -345,11 +411,25 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--variants", metavar="A,B", help="only these variants")
         sub.add_argument("--seq-lens", metavar="N,M", help="override the spec's sequence lengths")
         sub.add_argument(
+            "--threads",
+            type=_positive_int,
+            metavar="N",
+            help="torch threads to measure with (default: the spec's, else torch's own)",
+        )
+        sub.add_argument(
             "--out", default="results", metavar="DIR", help="results root (default: results)"
         )
     run.add_argument("--resume", metavar="RUN_DIR", help="run only the cells RUN_DIR lacks")
     run.set_defaults(handler=command_run)
     compare.set_defaults(handler=command_compare)
+
+    repair = commands.add_parser(
+        "repair",
+        parents=[common],
+        help=f"move what a run directory cannot read aside (bad lines to {REJECTED})",
+    )
+    repair.add_argument("run_dir", metavar="RUN_DIR", help="results/<experiment>/<timestamp>")
+    repair.set_defaults(handler=command_repair)
 
     new = commands.add_parser(
         "new", parents=[common], help="scaffold plugins/NAME.py: a variant that passes the suite"
@@ -388,6 +468,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return arguments.handler(registry, arguments)
     except PlaygroundError as error:
         error_console.print(f"[red]error:[/red] {escape(str(error))}", soft_wrap=True)
+        return 2
+    except KeyboardInterrupt:
+        error_console.print("[yellow]interrupted[/yellow]")
+        return 130
+    except OSError as error:  # a place the command had to read or write
+        where = f" {error.filename}" if error.filename else ""
+        error_console.print(
+            f"[red]error:[/red] {escape(error.strerror or str(error))}:{escape(where)}; check "
+            f"that the path exists and that you may write there",
+            soft_wrap=True,
+        )
         return 2
 
 

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -17,6 +18,9 @@ from playground.measure import fit_exponent
 from playground.results import ACCURACY, SUMMARY, RunStore
 
 BASELINE = "vanilla"
+OK = "ok"
+PASS_TITLES = {"forward": "forward", "forward_backward": "forward + backward"}
+"""How a pass is named in tables, figure titles and legends."""
 
 
 @dataclass(frozen=True)
@@ -218,28 +222,68 @@ def exponent_cells(lines: list[Line]) -> list[list[str]]:
     return list(rows.values())
 
 
+def compact_table(title: str | None = None) -> Table:
+    """A table with one space between columns and no side borders, so that the summary's
+    ten columns fit a 100-column terminal without cutting a cell."""
+    return Table(
+        title=title,
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+        show_edge=False,
+        title_justify="left",
+        title_style="italic",
+    )
+
+
+def _table_without_empty_columns(header: list[str], rows: list[list[str]]) -> Table:
+    """A table of `rows`, less the columns that are "-" in every row (fidelity is not
+    measured on forward+backward, memory may not be measured at all)."""
+    keep = [
+        index
+        for index, column in enumerate(header)
+        if column in ("n", "status") or any(row[index] != "-" for row in rows)
+    ]
+    table = compact_table()
+    for index in keep:
+        table.add_column(header[index], justify="left" if header[index] == "status" else "right")
+    for row in rows:
+        *cells, status = (row[index] for index in keep)
+        table.add_row(*map(escape, cells), status if status == OK else f"[red]{status}[/red]")
+    return table
+
+
 def print_summary(lines: list[Line], console: Console) -> None:
+    """One block per variant point: its label on a line of its own (whole, however long),
+    then a table per pass; then the fitted exponents. Fits a 100-column terminal."""
     if not lines:
         return
-    table = Table(title="Summary (median time; peak memory above the inputs)")
-    for column in SUMMARY_COLUMNS:
-        table.add_column(
-            column, justify="left" if column in ("variant", "pass", "status") else "right"
-        )
+    console.print("[bold]Summary[/bold] (median time; peak memory above the inputs)")
+    header = [column for column in SUMMARY_COLUMNS if column not in ("variant", "pass")]
+    groups: dict[str, dict[str, list[list[str]]]] = {}
     for line in lines:
-        *cells, status = summary_cells(line)
-        table.add_row(*map(escape, cells), status if status == "ok" else f"[red]{status}[/red]")
-    console.print(table)
-    scaling = Table(
-        title="Scaling: fitted exponent of time and memory vs n (1 = linear, 2 = quadratic)"
+        _, pass_name, *cells = summary_cells(line)
+        groups.setdefault(line.label, {}).setdefault(pass_name, []).append(cells)
+    for label, passes in groups.items():
+        console.print(f"\n[bold]{escape(label)}[/bold]", soft_wrap=True)
+        for pass_name, rows in passes.items():
+            table = _table_without_empty_columns(header, rows)
+            table.title = PASS_TITLES.get(pass_name, pass_name)
+            console.print(table)
+    console.print(
+        "\n[bold]Scaling[/bold]: fitted exponent of time and memory vs n "
+        "(1 = linear, 2 = quadratic)"
     )
-    for column in EXPONENT_COLUMNS:
-        scaling.add_column(column)
+    scaling = compact_table()
+    scaling.add_column("variant", no_wrap=True)
+    scaling.add_column("pass", no_wrap=True)
+    scaling.add_column("time exponent", justify="right")
+    scaling.add_column("memory exponent", justify="right")
     for row in exponent_cells(lines):
         scaling.add_row(*map(escape, row))
     console.print(scaling)
     for line in lines:
-        if line.status != "ok":
+        if line.status != OK:
             console.print(
                 f"[red]{line.status}[/red] {escape(line.label)} n={line.seq_len} {line.pass_name}: "
                 f"{escape(str(line.error))}",

@@ -7,8 +7,8 @@ per pass, fitted exponents in the legend, n and n² for reference); fidelity aga
 swept option (or against n); accuracy per task and cost against accuracy (for accuracy
 rows: those with a "task" key); the attention pattern of every variant on a short
 sequence; and T5's relative bias per head. A variant keeps one colour in every figure
-(`variant_colour`); failed, OOM and unsupported cells are drawn as markers and listed in
-each figure's footnote, with the device, dtype and torch version.
+(`variant_colour`); failed, OOM, unsupported and invalid cells are drawn as markers and
+listed in each figure's footnote, with the device, dtype and torch version.
 """
 
 from playground.plots.data import PlotError, Run, load_run

@@ -185,10 +185,7 @@ def load_run(run_dir: str | Path) -> Run:
             f"results/quick/<timestamp>/"
         )
     store = RunStore(directory)
-    try:
-        rows = store.rows()
-    except ValueError as error:
-        raise PlotError(f"cannot read {directory / ROWS}: {error}") from None
+    rows = store.rows()  # DamagedRun names the bad line and the way out
     if not rows:
         found = "is empty" if store.path(ROWS).is_file() else "does not exist"
         raise PlotError(
@@ -196,8 +193,8 @@ def load_run(run_dir: str | Path) -> Run:
             f"finished at least one cell (results/<experiment>/<timestamp>/), or resume it "
             f"with `playground run --resume {directory}`"
         )
-    env = store.read_json(ENV) if store.path(ENV).is_file() else {}
-    spec_text = store.path(SPEC).read_text() if store.path(SPEC).is_file() else ""
+    env = store.read_json(ENV) if store.path(ENV).exists() else {}
+    spec_text = store.path(SPEC).read_text(errors="replace") if store.path(SPEC).is_file() else ""
     try:
         spec = tomllib.loads(spec_text)
     except tomllib.TOMLDecodeError:

@@ -20,6 +20,9 @@ from matplotlib.ticker import LogFormatter
 from matplotlib.transforms import blended_transform_factory
 
 from playground.plots.data import Run, Series
+from playground.summary import PASS_TITLES
+
+__all__ = ["PASS_TITLES"]  # re-exported: the figures and the benchmark history use it
 
 KNOWN_COLOURS = {
     "vanilla": "#1f77b4",  # blue
@@ -43,17 +46,15 @@ OTHER_COLOURS = (
 
 POINT_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
-STATUS_MARKERS = {"oom": "v", "error": "X", "unsupported": "s"}
+STATUS_MARKERS = {"oom": "v", "error": "X", "unsupported": "s", "invalid": "d"}
 """Where a cell failed, a marker at the foot of the axes in the series' colour:
-OOM ▽, error ✕, unsupported □ (hollow)."""
+OOM ▽, error ✕, unsupported □ (hollow), invalid ◆ (thin: the call returned something the
+contract forbids, such as NaN or a wrong shape)."""
 
 FORMATS = ("png", "svg", "pdf")
 DPI = 130
 PANEL_SIZE = (5.2, 3.9)
 """Inches per panel; the legend column and footnote add to it."""
-
-PASS_TITLES = {"forward": "forward", "forward_backward": "forward + backward"}
-"""How a pass is named in titles and legends."""
 
 
 def variant_colour(variant: str) -> str:
