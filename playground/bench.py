@@ -5,7 +5,8 @@
 For each (variant, n): median forward time, efficiency (useful FLOP/s from the variant's
 own `flops()`, projections included, ÷ the FLOP/s of a large matmul measured at start),
 and peak memory above the inputs; then the fitted log-log exponents of time and memory
-over n. Batch 1 and fp32 by default, under `torch.no_grad()`.
+over n. Batch 1 and fp32 by default, under `torch.no_grad()`, on `--threads N` torch
+threads (default: torch.get_num_threads()), the GEMM included.
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from playground.errors import PlaygroundError, UnsupportedFeature
-from playground.measure import fit_exponent, gemm_flops_per_second, peak_memory_bytes, time_call
+from playground.measure import (
+    fit_exponent,
+    gemm_flops_per_second,
+    peak_memory_bytes,
+    resolve_threads,
+    time_call,
+)
 from playground.registry import default_registry
 
 
@@ -33,6 +40,7 @@ class ForwardCost:
     flops: float
     efficiency: float
     peak_memory_bytes: int
+    threads: int
 
 
 def forward_cost(
@@ -44,11 +52,12 @@ def forward_cost(
     batch: int = 1,
     min_run_time: float = 0.5,
     options: dict | None = None,
+    threads: int | None = None,
 ) -> ForwardCost:
     module = default_registry().build(variant, d_model, num_heads, **(options or {})).eval()
     x = torch.randn(batch, seq_len, d_model)
     with torch.no_grad():
-        timing = time_call(lambda: module(x), min_run_time)
+        timing = time_call(lambda: module(x), min_run_time, threads)
         memory = peak_memory_bytes(lambda: module(x))
     flops = batch * module.count_flops(seq_len, seq_len)
     return ForwardCost(
@@ -59,6 +68,7 @@ def forward_cost(
         flops,
         flops / timing.median_s / gemm_flops,
         memory,
+        timing.threads,
     )
 
 
@@ -75,6 +85,13 @@ def _main(argv: list[str] | None) -> None:
     parser.add_argument("--seq-lens", default="2048,4096,8192,16384")
     parser.add_argument("--min-run-time", type=float, default=0.5, help="seconds per cell")
     parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="torch threads to time with (default: torch.get_num_threads())",
+    )
+    parser.add_argument(
         "--option",
         action="append",
         default=[],
@@ -89,9 +106,10 @@ def _main(argv: list[str] | None) -> None:
         options.setdefault(variant, {})[key] = tomllib.loads(f"value = {value}")["value"]
     variants = arguments.variants.split(",") if arguments.variants else default_registry().names()
     seq_lens = [int(n) for n in arguments.seq_lens.split(",")]
-    gemm = gemm_flops_per_second()
+    threads = resolve_threads(arguments.threads)
+    gemm = gemm_flops_per_second(threads=threads)
     console = Console()
-    console.print(f"GEMM fp32: {gemm / 1e9:.1f} GFLOP/s, {torch.get_num_threads()} threads")
+    console.print(f"GEMM fp32: {gemm / 1e9:.1f} GFLOP/s, {threads} threads")
     table = Table(
         "variant", "n", "time ms", "IQR ms", "GFLOP/s", "efficiency", "peak MiB", "status"
     )
@@ -106,6 +124,7 @@ def _main(argv: list[str] | None) -> None:
                     gemm,
                     min_run_time=arguments.min_run_time,
                     options=options.get(variant),
+                    threads=threads,
                 )
             except UnsupportedFeature as unsupported:  # recorded, and the sweep goes on
                 table.add_row(variant, str(n), "-", "-", "-", "-", "-", escape(str(unsupported)))

@@ -152,6 +152,8 @@ def create_variant(
             )
         directory = plugins
     directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise PlaygroundError(f"--dir {directory} is a file; give a directory for {name}.py")
     path = directory / f"{name}.py"
     if path.exists():
         raise PlaygroundError(f"{path} already exists; not overwriting it (choose another name)")
@@ -159,9 +161,15 @@ def create_variant(
         text, class_name = render_template(name)
     else:
         text, class_name = render_copy(name, copy_from, registry)
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(path, "x", encoding="utf-8") as file:  # "x": never clobber a racing writer
-        file.write(text)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(path, "x", encoding="utf-8") as file:  # "x": never clobber a racing writer
+            file.write(text)
+    except OSError as error:
+        raise PlaygroundError(
+            f"cannot write {path}: {error.strerror or error}; give --dir a directory you can "
+            f"write to (it is created if missing)"
+        ) from None
     _check_written(path, name)
     in_bundled = directory.resolve() == plugins.resolve()
     return Scaffold(name, path, class_name, in_bundled)
