@@ -193,11 +193,18 @@ def _execute(registry: Registry, store: RunStore, spec, overrides: dict) -> int:
     if not completed:
         return _interrupted(store, count)
     console.print(f"results: {store.directory}")
-    errors = [row for row in store.rows() if row["status"] == "error"]
+    rows = store.rows()
+    errors = sum(row["status"] == "error" for row in rows)
+    invalid = sum(row["status"] == "invalid" for row in rows)
     if errors:
+        error_console.print(f"[red]{errors} cell(s) raised an error[/red] (see the table above)")
+    if invalid:
         error_console.print(
-            f"[red]{len(errors)} cell(s) raised an error[/red] (see the table above); exit status 1"
+            f"[red]{invalid} cell(s) returned something the contract forbids[/red] (status "
+            f"invalid, see the table above; `playground check NAME` tells more)"
         )
+    if errors or invalid:
+        error_console.print("exit status 1")
         return 1
     return 0
 
