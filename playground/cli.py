@@ -30,7 +30,7 @@ from playground.errors import PlaygroundError
 from playground.plots import FORMATS, plot_run
 from playground.registry import Registry, bundled_dir
 from playground.report import write_report
-from playground.results import ENV, REJECTED, ROWS, SPEC, RunStore, unwritable
+from playground.results import ENV, OVERRIDES, REJECTED, ROWS, SPEC, RunStore, unwritable
 from playground.runner import Runner, check_device, plan
 from playground.spec import apply_overrides, load_spec
 from playground.summary import print_accuracy, print_summary, write_summary
@@ -254,8 +254,11 @@ def command_run(registry: Registry, arguments: argparse.Namespace) -> int:
             )
         store = RunStore.existing(arguments.resume)
         store.rows()  # a damaged results.jsonl is refused before anything else
-        env = store.read_json(ENV) if store.path(ENV).exists() else {}
-        overrides = env.get("overrides", {})
+        if store.path(OVERRIDES).exists():
+            overrides = store.read_json(OVERRIDES)
+        else:  # a run from before overrides.json: they were in env.json
+            env = store.read_json(ENV) if store.path(ENV).exists() else {}
+            overrides = env.get("overrides", {})
         recorded = overrides.get("plugins_dirs") or []
         if recorded:  # the plugin directories the run started with, then any given now
             given = getattr(arguments, "plugins_dir", None) or []

@@ -2,9 +2,11 @@
 
     results/<experiment>/<timestamp>/
         results.jsonl   one JSON object per measured cell, flushed and fsynced on write
-        env.json        torch version, device, threads, git commit, GEMM throughput,
-                        the command-line overrides (written before the GEMM is measured)
+        env.json        torch version, device, node, threads, git commit, GEMM throughput
         spec.toml       the spec as it was when the run started (resume re-reads it)
+        overrides.json  the command line's --variants, --seq-lens, --threads, ... (resume
+                        applies them again); it and spec.toml are written first, before
+                        the GEMM is measured, so any interrupted run can be resumed
         summary.csv     derived from results.jsonl (playground.summary): costs
         accuracy.csv    derived too: accuracy per variant and task (when measured)
         results.rejected.jsonl   lines `playground repair` moved out of results.jsonl
@@ -39,8 +41,14 @@ ENV = "env.json"
 SPEC = "spec.toml"
 SUMMARY = "summary.csv"
 ACCURACY = "accuracy.csv"
+OVERRIDES = "overrides.json"
 REJECTED = "results.rejected.jsonl"
-REJECTED_ENV = "env.rejected.json"
+SET_ASIDE = ".rejected"
+"""The suffix `repair` gives a whole file it moves aside: env.json -> env.json.rejected."""
+AFTER_SET_ASIDE = {
+    ENV: "a resume then measures the environment and the GEMM again",
+    OVERRIDES: "a resume then runs the whole spec, so restore the overrides from it first",
+}
 
 STATUSES = ("ok", "unsupported", "oom", "error", "invalid")
 """A row's status; only `ok` rows are measurements (see DESIGN.md, Results)."""
@@ -266,14 +274,14 @@ class RunStore:
         where results.jsonl or env.json belongs and an unreadable env.json are renamed.
         The cells whose lines moved count as missing: a resume measures them again."""
         done = Repair()
-        for name in (ROWS, ENV):
-            if self.path(name).is_dir():
-                done.moved.append(self._set_aside(name, f"{name}.rejected"))
-        if self.path(ENV).is_file():
-            try:
-                self.read_json(ENV)
-            except DamagedRun:
-                done.moved.append(self._set_aside(ENV, REJECTED_ENV))
+        if self.path(ROWS).is_dir():
+            done.moved.append(self._set_aside(ROWS))
+        for name in AFTER_SET_ASIDE:
+            if self.path(name).exists():
+                try:
+                    self.read_json(name)
+                except DamagedRun:
+                    done.moved.append(self._set_aside(name))
         data = self._read_bytes(ROWS)
         if not data:
             return done
@@ -307,7 +315,8 @@ class RunStore:
         done.lines = bad
         return done
 
-    def _set_aside(self, name: str, target: str) -> tuple[Path, Path]:
+    def _set_aside(self, name: str) -> tuple[Path, Path]:
+        target = name + SET_ASIDE
         source, destination = self.path(name), self.path(target)
         suffix = 1
         while destination.exists():
@@ -354,8 +363,7 @@ class RunStore:
             reason = f"holds a JSON {type(value).__name__}, not an object"
         raise DamagedRun(
             f"{path} {reason}; restore it, or run `playground repair {self.directory}`, which "
-            f"renames it to {REJECTED_ENV}: a resume then measures the environment again "
-            f"(and the command-line overrides it held are lost: read them there)"
+            f"renames it to {name + SET_ASIDE}: {AFTER_SET_ASIDE.get(name, 'then resume')}"
         )
 
 

@@ -35,7 +35,7 @@ from playground.measure import (
     using_threads,
 )
 from playground.registry import Registry
-from playground.results import ENV, SPEC, RunStore, environment
+from playground.results import ENV, OVERRIDES, SPEC, RunStore, environment
 from playground.spec import Spec, TaskRun, VariantRun
 
 BACKWARD_FLOPS_FACTOR = 3
@@ -187,9 +187,9 @@ class Runner:
         self.progress: Progress | None = None
 
     def start(self, overrides: dict[str, Any] | None = None) -> None:
-        """Record the spec and the environment (the overrides with it), then measure the
-        GEMM ceiling, once per run: a resume reuses the figure and the thread count its
-        rows were measured with. Both files are written before the GEMM, so a run
+        """Record the spec, the command-line overrides and the environment, then measure
+        the GEMM ceiling, once per run: a resume reuses the figure and the thread count
+        its rows were measured with. The files are written before the GEMM, so a run
         interrupted while it is measured resumes the cells it was asked for."""
         if self.store.path(ENV).exists():
             env = self.store.read_json(ENV)
@@ -197,6 +197,7 @@ class Runner:
         else:
             check_device(self.spec.device)
             self.store.write_text(SPEC, self.spec.text)
+            self.store.write_json(OVERRIDES, overrides or {})
             env = environment(self.spec.device, self.threads)
             env.update(
                 gemm_flops_per_s=None,
