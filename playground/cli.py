@@ -485,8 +485,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as error:  # a place the command had to read or write
         where = f" {error.filename}" if error.filename else ""
         error_console.print(
-            f"[red]error:[/red] {escape(error.strerror or str(error))}:{escape(where)}; check "
-            f"that the path exists and that you may write there",
+            f"[red]error:[/red] cannot use{escape(where)}: {escape(error.strerror or str(error))}; "
+            f"check that the path exists and that you may write there",
             soft_wrap=True,
         )
         return 2

@@ -5,6 +5,7 @@ over n per (variant point, pass). Written to summary.csv and printed as tables."
 from __future__ import annotations
 
 import csv
+import io
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -125,22 +126,23 @@ def accuracy_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{column: row.get(column) for column in ACCURACY_COLUMNS} for row in selected]
 
 
+def _csv(columns: list[str], rows: Iterable[dict[str, Any]]) -> str:
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+    return text.getvalue()
+
+
 def write_summary(store: RunStore) -> list[Line]:
     """Derive summary.csv (costs) and accuracy.csv (tasks) from results.jsonl (again:
     they are always recomputable)."""
     rows = store.rows()
     lines = summarize(rows)
-    with open(store.path(SUMMARY), "w", newline="", encoding="utf-8") as file:
-        writer = csv.DictWriter(file, fieldnames=list(Line.__dataclass_fields__))
-        writer.writeheader()
-        for line in lines:
-            writer.writerow(asdict(line))
+    store.write_text(SUMMARY, _csv(list(Line.__dataclass_fields__), map(asdict, lines)))
     accuracy = accuracy_rows(rows)
     if accuracy:
-        with open(store.path(ACCURACY), "w", newline="", encoding="utf-8") as file:
-            writer = csv.DictWriter(file, fieldnames=list(ACCURACY_COLUMNS))
-            writer.writeheader()
-            writer.writerows(accuracy)
+        store.write_text(ACCURACY, _csv(list(ACCURACY_COLUMNS), accuracy))
     return lines
 
 
