@@ -48,6 +48,9 @@ class SavedRun:
     """Short commit id, with `*` when the working tree had uncommitted changes."""
     machine_info: dict[str, Any]
     benchmarks: list[dict[str, Any]]
+    clean_commit: str | None = None
+    """The full commit id when the working tree had no uncommitted changes (the code of the
+    run can then be checked out again), else None."""
 
     @property
     def label(self) -> str:
@@ -70,6 +73,7 @@ def read_saved_run(path: Path) -> SavedRun:
             commit=str(commit.get("id") or "unknown")[:7] + ("*" if commit.get("dirty") else ""),
             machine_info=data.get("machine_info", {}),
             benchmarks=data["benchmarks"],
+            clean_commit=None if commit.get("dirty") or not commit.get("id") else commit["id"],
         )
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise PlaygroundError(

@@ -5,6 +5,7 @@ chosen run (one real re-measurement, at a smoke size, proves the pytest call).""
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,18 +22,22 @@ SLOW = "test_attention[longformer-n1024-forward]"
 
 
 class Remeasurements:
-    """Stands in for re-running pytest: hands back the given runs in turn, and records
-    which benchmarks it was asked to measure."""
+    """Stands in for re-running pytest: hands back the given runs in turn (a candidate
+    run alone, or a (baseline code, candidate code) pair measured side by side), and
+    records which benchmarks it was asked to measure."""
 
-    def __init__(self, *runs: Path) -> None:
+    def __init__(self, *runs: Path | tuple[Path, Path]) -> None:
         self.runs = list(runs)
         self.asked: list[list[str]] = []
 
-    def __call__(self, entries: Sequence[dict[str, Any]]) -> SavedRun:
+    def __call__(self, entries: Sequence[dict[str, Any]]) -> tuple[SavedRun | None, SavedRun]:
         self.asked.append([entry["name"] for entry in entries])
         if not self.runs:
             pytest.fail(f"the gate re-measured {self.asked[-1]} once more than expected")
-        return read_saved_run(self.runs.pop(0))
+        run = self.runs.pop(0)
+        if isinstance(run, tuple):
+            return read_saved_run(run[0]), read_saved_run(run[1])
+        return None, read_saved_run(run)
 
 
 def gate(storage: Path, candidate: Path, remeasure: Remeasurements) -> int:
@@ -102,8 +107,9 @@ def test_a_confirmed_slow_down_fails_in_one_line_per_benchmark(storage, tmp_path
     captured = capsys.readouterr()
     [line] = [line for line in captured.out.splitlines() if "SLOWER" in line]
     assert line == (
-        f"  SLOWER   {SLOW}: +45% in every measurement (normalised time +50%, +45%, +60% "
-        f"against the baseline; threshold +30%; fastest round 150.0 ms -> 225.0, 217.5, 240.0 ms)"
+        f"  SLOWER   {SLOW}: +45% in every measurement (normalised time +50%, +45%, +60%; "
+        f"threshold +30%; fastest round, baseline -> candidate: 150.0 -> 225.0, "
+        f"150.0 -> 217.5, 150.0 -> 240.0 ms)"
     )
     assert "FAILED, 1 of 2 benchmarks slower by more than 30% in every measurement" in captured.err
     assert "Traceback" not in captured.out + captured.err
@@ -114,8 +120,61 @@ def test_a_slow_down_the_remeasurement_does_not_show_passes(storage, tmp_path, c
     assert gate(storage, longformer_times(tmp_path, 2, 1.8), remeasure) == 0
     assert remeasure.asked == [[SLOW]]  # cleared at once: no second re-measurement
     out = capsys.readouterr().out
-    assert f"  cleared  {SLOW}: +2% measured again (normalised time +80%, +2% against" in out
+    assert f"  cleared  {SLOW}: +2% measured again (normalised time +80%, +2%;" in out
     assert "(1 suspects cleared by re-measuring)" in out
+
+
+def test_side_by_side_the_baseline_code_under_the_same_load_clears_a_suspect(
+    storage, tmp_path, capsys
+):
+    """Re-measured on both codes at once, both 1.6 times slower in normalised time (a
+    load that slows this benchmark more than the reference): not a slow-down."""
+    loaded_baseline_code = longformer_times(tmp_path, 3, 1.6)
+    loaded_candidate_code = longformer_times(tmp_path, 4, 1.6)
+    remeasure = Remeasurements((loaded_baseline_code, loaded_candidate_code))
+    assert gate(storage, longformer_times(tmp_path, 2, 1.6), remeasure) == 0
+    assert f"{SLOW}: +0% measured again (normalised time +60%, +0% side by side;" in (
+        capsys.readouterr().out
+    )
+
+
+def test_side_by_side_a_slower_candidate_code_fails(storage, tmp_path, capsys):
+    baseline_code = longformer_times(tmp_path, 3, 1.0)
+    slower_code = longformer_times(tmp_path, 4, 1.5)
+    remeasure = Remeasurements((baseline_code, slower_code), (slower_code, slower_code))
+    assert gate(storage, longformer_times(tmp_path, 2, 1.5), remeasure) == 0  # cleared 2nd
+    remeasure = Remeasurements((baseline_code, slower_code), (baseline_code, slower_code))
+    assert gate(storage, longformer_times(tmp_path, 5, 1.5), remeasure) == 1
+    assert "+50% in every measurement (normalised time +50%, +50% side by side, +50% side by" in (
+        capsys.readouterr().out
+    )
+
+
+def test_the_baseline_code_is_exported_from_its_commit(tmp_path):
+    repository = tmp_path / "repository"
+    (repository / "plugins").mkdir(parents=True)
+    (repository / "plugins" / "mine.py").write_text("BASELINE = True\n")
+    git = ["git", "-C", str(repository), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "baseline"], check=True)
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True)
+    (repository / "plugins" / "mine.py").write_text("BASELINE = False\n")  # the candidate
+    path = save_run(tmp_path / "store", 1, PEAKS, mins_s=MINS)
+    data = json.loads(path.read_text())
+    data["commit_info"] = {"id": commit.stdout.strip(), "dirty": False}
+    path.write_text(json.dumps(data))
+    with time_gate.SideBySide(read_saved_run(path), repository) as side_by_side:
+        code = side_by_side._baseline_code()
+        assert code is not None and code != repository
+        assert (code / "plugins" / "mine.py").read_text() == "BASELINE = True\n"
+    assert not code.exists()  # removed when the gate is done
+    data["commit_info"]["dirty"] = True
+    path.write_text(json.dumps(data))
+    with time_gate.SideBySide(read_saved_run(path), repository) as side_by_side:
+        assert side_by_side._baseline_code() is None
+        assert f"saved from uncommitted code ({commit.stdout[:7]}*)" in side_by_side.note
+        assert "commit before `nox -s bench`" in side_by_side.note
 
 
 def test_the_second_remeasurement_can_clear_a_suspect(storage, tmp_path):
@@ -173,7 +232,7 @@ def test_remeasuring_runs_the_suspects_alone(tmp_path):
     """The real re-measurement: pytest on the suspects' node ids, at their length."""
     suspect = read_saved_run(save_run(tmp_path, 1, {"vanilla-n32-forward": 1}))
     [entry] = suspect.attention_benchmarks()
-    remeasured = time_gate.remeasure_with_pytest([entry], max_time_s=0.05)
+    remeasured = time_gate.measure_with_pytest([entry], max_time_s=0.05)
     [again] = remeasured.attention_benchmarks()
     assert again["name"] == "test_attention[vanilla-n32-forward]"
     assert normalised_time(again) > 0

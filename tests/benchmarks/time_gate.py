@@ -12,11 +12,16 @@ the gate compares `normalised_time` (playground.bench_history): the median over 
 the round's time over its reference's, a figure of the code that a uniformly slower
 machine leaves unchanged and that pairs each round with the load of its own moment.
 
-What fails. A benchmark whose normalised time exceeds the baseline's by more than the
-threshold is only a suspect. The suspects alone are measured again (pytest with their
-node ids), up to CONFIRMATIONS times; each re-measurement that comes back under the
-threshold clears it. A benchmark fails only if every measurement of it was slower, and
-then it is reported in one line: its slow-down, each measurement's, and the raw times.
+What fails. The load does not slow every workload alike (a small matmul far more than a
+long attention call), so against a baseline saved under another load the normalised time
+still moves, and a benchmark more than the threshold slower is only a suspect. The
+suspects alone are measured again, on the baseline's code (its commit, exported from git)
+and on the working tree one right after the other (SideBySide), up to CONFIRMATIONS
+times; a re-measurement under the threshold clears the suspect. A benchmark fails only if
+every measurement of it was slower, and is reported in one line: the slow-down all its
+measurements agree on, each one's, and the raw fastest rounds. A baseline saved from
+uncommitted code cannot be measured again: then the working tree is re-measured alone
+against the saved figures, which a change of load can fool (the gate says so).
 
 Exit status: 0 no confirmed slow-down; 1 a confirmed slow-down (each listed); 2 nothing to
 compare against or the runs are not comparable (machine, torch, threads or device differ,
@@ -26,9 +31,11 @@ or the baseline was saved without the reference timings: save a new one).
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import subprocess
 import sys
+import tarfile
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,6 +45,7 @@ from typing import Any
 from playground.bench_history import SavedRun, load_saved_runs, normalised_time, read_saved_run
 from playground.errors import PlaygroundError
 from tests.benchmarks.memory_gate import incomparable
+from tests.benchmarks.slowdown import SLOWDOWN_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_THRESHOLD_PERCENT = 30
@@ -47,40 +55,53 @@ REMEASURE_MAX_TIME_S = 2.0
 """A re-measured benchmark runs rounds for this long (the suite's default is 1 s): more
 rounds for the median, and a few suspects cost little."""
 
-Remeasure = Callable[[Sequence[dict[str, Any]]], SavedRun]
-"""Measures the given benchmarks (saved-run entries) again and returns the new run."""
+Remeasure = Callable[[Sequence[dict[str, Any]]], tuple[SavedRun | None, SavedRun]]
+"""Measures the given benchmarks (saved-run entries) again: on the baseline's code (None
+when that code cannot be had) and on the candidate's, one right after the other."""
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One benchmark measured on the baseline's code and on the candidate's."""
+
+    baseline: dict[str, Any]
+    candidate: dict[str, Any]
+    side_by_side: bool
+    """Both measured in this session, one right after the other (not the saved baseline)."""
+
+    @property
+    def slowdown(self) -> float:
+        """Candidate's normalised time over the baseline's (1.5 = 50 % slower)."""
+        return normalised_time(self.candidate) / normalised_time(self.baseline)
 
 
 @dataclass
 class Verdict:
-    """One benchmark's measurements against its baseline."""
+    """One benchmark's measurements: against the saved baseline, then any re-measurements."""
 
     benchmark: str
-    baseline: dict[str, Any]
-    measurements: list[dict[str, Any]]
-    """The candidate's entry, then each re-measurement's."""
-
-    @property
-    def slowdowns(self) -> list[float]:
-        """Each measurement's normalised time over the baseline's (1.5 = 50 % slower)."""
-        before = normalised_time(self.baseline)
-        return [normalised_time(entry) / before for entry in self.measurements]
+    measurements: list[Measurement]
 
     @property
     def slowdown(self) -> float:
         """The least slow-down measured: the slow-down every measurement agrees on."""
-        return min(self.slowdowns)
+        return min(measurement.slowdown for measurement in self.measurements)
 
     def describe(self, threshold: float) -> str:
-        """`+52% in every measurement (normalised time +50%, +55%, +52% against the
-        baseline; threshold +30%; fastest round 150.0 ms -> 225.0, 232.5, 228.0 ms)`."""
+        """`+48% in every measurement (normalised time +50%, +48% side by side, +52% side
+        by side; threshold +30%; fastest round 150.0 -> 225.0, 151.2 -> 223.8, ... ms)`."""
         verdict = "in every measurement" if self.slowdown > 1 + threshold else "measured again"
-        each = ", ".join(f"{s - 1:+.0%}" for s in self.slowdowns)
-        raw = ", ".join(f"{entry['stats']['min'] * 1e3:.1f}" for entry in self.measurements)
+        each = ", ".join(
+            f"{m.slowdown - 1:+.0%}{' side by side' if m.side_by_side else ''}"
+            for m in self.measurements
+        )
+        raw = ", ".join(
+            f"{m.baseline['stats']['min'] * 1e3:.1f} -> {m.candidate['stats']['min'] * 1e3:.1f}"
+            for m in self.measurements
+        )
         return (
-            f"{self.benchmark}: {self.slowdown - 1:+.0%} {verdict} (normalised time {each} "
-            f"against the baseline; threshold {threshold:+.0%}; fastest round "
-            f"{self.baseline['stats']['min'] * 1e3:.1f} ms -> {raw} ms)"
+            f"{self.benchmark}: {self.slowdown - 1:+.0%} {verdict} (normalised time {each}; "
+            f"threshold {threshold:+.0%}; fastest round, baseline -> candidate: {raw} ms)"
         )
 
 
@@ -128,30 +149,40 @@ def judge(
     before = {entry["name"]: entry for entry in baseline.attention_benchmarks()}
     after = {entry["name"]: entry for entry in candidate.attention_benchmarks()}
     verdicts = [
-        Verdict(name, before[name], [after[name]]) for name in sorted(before.keys() & after.keys())
+        Verdict(name, [Measurement(before[name], after[name], side_by_side=False)])
+        for name in sorted(before.keys() & after.keys())
     ]
     for _ in range(confirmations):
         suspects = [verdict for verdict in verdicts if verdict.slowdown > 1 + threshold]
         if not suspects:
             break
-        again = {
-            entry["name"]: entry
-            for entry in remeasure([v.measurements[0] for v in suspects]).attention_benchmarks()
-        }
+        old_code, new_code = remeasure([after[verdict.benchmark] for verdict in suspects])
+        again_before = _by_name(old_code) if old_code else before
+        again_after = _by_name(new_code)
         for verdict in suspects:
-            if verdict.benchmark not in again:
+            name = verdict.benchmark
+            if name not in again_after or name not in again_before:
                 raise PlaygroundError(
-                    f"the re-measurement did not run {verdict.benchmark}; run "
-                    f"`nox -s bench_compare` again"
+                    f"the re-measurement did not run {name}; run `nox -s bench_compare` again"
                 )
-            verdict.measurements.append(again[verdict.benchmark])
+            verdict.measurements.append(
+                Measurement(again_before[name], again_after[name], side_by_side=bool(old_code))
+            )
     return verdicts
 
 
-def remeasure_with_pytest(
-    entries: Sequence[dict[str, Any]], max_time_s: float = REMEASURE_MAX_TIME_S
+def _by_name(run: SavedRun) -> dict[str, dict[str, Any]]:
+    return {entry["name"]: entry for entry in run.attention_benchmarks()}
+
+
+def measure_with_pytest(
+    entries: Sequence[dict[str, Any]],
+    code: Path = ROOT,
+    env: dict[str, str] | None = None,
+    max_time_s: float = REMEASURE_MAX_TIME_S,
 ) -> SavedRun:
-    """Run the given benchmarks again, alone, the way bench_compare ran them."""
+    """Run the given benchmarks again, alone, on the code in `code` (a checkout: pytest
+    runs there, so `playground` and the plugins are imported from it)."""
     seq_lens = sorted({int(entry["extra_info"]["seq_len"]) for entry in entries})
     with tempfile.TemporaryDirectory(prefix="time-gate-") as directory:
         out = Path(directory) / "remeasured.json"
@@ -170,17 +201,78 @@ def remeasure_with_pytest(
             "no:cacheprovider",
         ]
         completed = subprocess.run(
-            command, cwd=ROOT, capture_output=True, text=True, env=os.environ
+            command, cwd=code, capture_output=True, text=True, env=env or dict(os.environ)
         )
         if completed.returncode != 0 or not out.is_file():
             raise PlaygroundError(
-                f"re-measuring the suspects failed (exit {completed.returncode}):\n"
+                f"re-measuring the suspects in {code} failed (exit {completed.returncode}):\n"
                 f"{completed.stdout[-2000:]}{completed.stderr[-2000:]}"
             )
         return read_saved_run(out)
 
 
-def main(argv: Sequence[str] | None = None, remeasure: Remeasure = remeasure_with_pytest) -> int:
+class SideBySide:
+    """Re-measures suspects on the baseline's code (its commit, exported from git to a
+    temporary folder) and on the working tree, one right after the other, taking turns
+    at going first: both meet the same load, which no normalisation fully divides out.
+    When the baseline's code cannot be had (it was saved from uncommitted changes, or
+    there is no git), the working tree is re-measured alone against the saved baseline."""
+
+    def __init__(self, baseline: SavedRun, root: Path = ROOT) -> None:
+        self.baseline = baseline
+        self.root = root
+        self.turn = 0
+        self.folder = tempfile.TemporaryDirectory(prefix="time-gate-baseline-")
+        self.code: Path | None = None
+        self.note = ""
+
+    def __enter__(self) -> SideBySide:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.folder.cleanup()
+
+    def _baseline_code(self) -> Path | None:
+        if self.code is not None or self.note:
+            return self.code
+        commit = self.baseline.clean_commit
+        if commit is None:
+            self.note = (
+                f"the baseline was saved from uncommitted code ({self.baseline.commit}), so "
+                f"suspects are re-measured on the working tree alone against it; commit before "
+                f"`nox -s bench` to have them re-measured side by side with the baseline's code"
+            )
+            return None
+        archive = subprocess.run(
+            ["git", "-C", str(self.root), "archive", "--format=tar", commit], capture_output=True
+        )
+        if archive.returncode != 0:
+            self.note = (
+                f"git could not export the baseline's commit {commit[:7]} "
+                f"({archive.stderr.decode(errors='replace').strip()}), so suspects are "
+                f"re-measured on the working tree alone against the saved baseline"
+            )
+            return None
+        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+            tar.extractall(self.folder.name, filter="data")
+        self.code = Path(self.folder.name)
+        return self.code
+
+    def __call__(self, entries: Sequence[dict[str, Any]]) -> tuple[SavedRun | None, SavedRun]:
+        code = self._baseline_code()
+        if code is None:
+            return None, measure_with_pytest(entries, self.root)
+        # The injected slow-down stands for a change in the candidate's code only.
+        baseline_env = {k: v for k, v in os.environ.items() if k != SLOWDOWN_ENV}
+        self.turn += 1
+        if self.turn % 2:
+            old = measure_with_pytest(entries, code, baseline_env)
+            return old, measure_with_pytest(entries, self.root)
+        new = measure_with_pytest(entries, self.root)
+        return measure_with_pytest(entries, code, baseline_env), new
+
+
+def main(argv: Sequence[str] | None = None, remeasure: Remeasure | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("benchmark_dir", nargs="?", default=".benchmarks", help="storage")
     parser.add_argument(
@@ -206,7 +298,10 @@ def main(argv: Sequence[str] | None = None, remeasure: Remeasure = remeasure_wit
         reason = refusal(baseline, candidate)
         if reason:
             raise PlaygroundError(reason)
-        verdicts = judge(baseline, candidate, threshold, remeasure)
+        with SideBySide(baseline) as side_by_side:
+            verdicts = judge(baseline, candidate, threshold, remeasure or side_by_side)
+        if side_by_side.note:
+            print(f"time gate: {side_by_side.note}")
     except PlaygroundError as error:
         print(f"time gate: {error}", file=sys.stderr)
         return 2
