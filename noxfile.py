@@ -6,6 +6,7 @@ regression gate, the main comparison and its figures.
     nox -t variants                          every plugin: contract suite, quick run, plots
     nox -s "variant(name='vanilla')"         one of them (a new plugins/NAME.py adds one)
     nox -s bench                             save a benchmark run to .benchmarks/: a baseline
+                                             (commit first: bench_compare re-measures that commit)
     nox -s bench_compare                     fail on a confirmed slow-down or any memory growth
     nox -s compare plots                     the main job (`playground compare`), its figures
 
@@ -50,8 +51,9 @@ BENCH_STORAGE = ".benchmarks"
 BENCH_CANDIDATE = "results/benchmarks/bench_compare.json"
 TIME_REGRESSION_PERCENT = int(os.environ.get("PLAYGROUND_BENCH_FAIL_PERCENT", "30"))
 """bench_compare fails when a benchmark is more than this much slower than the baseline in
-its time over the reference matmul timed beside it, and stays so when measured again
-(tests/benchmarks/time_gate.py; the README has the measurements behind the figure)."""
+its time over the reference matmul timed beside it, and stays so when re-measured side by
+side with the baseline's code (tests/benchmarks/time_gate.py; the README has the
+measurements behind the design)."""
 
 nox.options.sessions = ["tests", "lint"]
 ENVIRONMENT = {"venv_backend": "none"}
@@ -132,11 +134,13 @@ def bench(session: nox.Session) -> None:
 def bench_compare(session: nox.Session) -> None:
     """Fail on a regression against the last saved run: slower, or more memory.
 
-    The time gate (time_gate.py) fails on a benchmark more than TIME_REGRESSION_PERCENT
-    slower, in time relative to a reference matmul timed beside it, that a re-measurement
-    of it confirms; the memory gate (memory_gate.py) on any growth of peak memory. Both
-    always run, and each prints one line per regressed benchmark. Nothing is saved to
-    .benchmarks/, so the baseline stays the one `nox -s bench` recorded."""
+    The time gate (time_gate.py) screens each benchmark's time relative to a reference
+    matmul timed beside it against the saved baseline; a benchmark more than
+    TIME_REGRESSION_PERCENT slower is re-measured on the baseline's commit and on the
+    working tree side by side, and fails only if that confirms it. The memory gate
+    (memory_gate.py) fails on any growth of peak memory. Both always run, each printing
+    one line per regressed benchmark. Nothing is saved to .benchmarks/, so the baseline
+    stays the one `nox -s bench` recorded."""
     require_installed(session)
     candidate = ROOT / BENCH_CANDIDATE
     candidate.parent.mkdir(parents=True, exist_ok=True)
