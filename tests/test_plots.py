@@ -221,6 +221,21 @@ def test_only_failed_cells_and_no_env(tmp_path: Path, registry: Registry) -> Non
     assert written and all(path.stat().st_size > 5_000 for path in written)
 
 
+def test_invalid_cells_are_marked_like_other_failures(tmp_path: Path, registry: Registry) -> None:
+    rows = [
+        measurement("vanilla", "vanilla", 64, "forward"),
+        measurement("vanilla", "vanilla", 128, "forward"),
+        failed("vanilla", "vanilla", 256, "forward", "invalid"),
+    ]
+    drawn = figures(load_run(write_run(tmp_path / "invalid", rows)), registry)
+    for stem in ("time_vs_n", "memory_vs_n", "efficiency_vs_n"):
+        figure = drawn[stem]
+        assert STATUS_MARKERS["invalid"] in {line.get_marker() for line in figure.axes[0].lines}
+        assert "invalid: vanilla n=256 forward" in figure.get_supxlabel()
+        assert "invalid (not measured)" in [t.get_text() for t in figure.legends[0].get_texts()]
+    assert len(set(STATUS_MARKERS.values())) == len(STATUS_MARKERS)  # one marker each
+
+
 def test_t5_relative_bias_figure(tmp_path: Path, registry: Registry) -> None:
     rows = [measurement("t5_relative", "t5_relative", 64, "forward")]
     drawn = figures(load_run(write_run(tmp_path / "t5", rows)), registry)

@@ -47,6 +47,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[P
         measurement("vanilla", "vanilla", 128, "forward"),
         measurement("linformer(k=8)", "linformer", 64, "forward", options={"k": 8}),
         failed("linformer(k=8)", "linformer", 128, "forward", "oom", {"k": 8}),
+        failed("vanilla", "vanilla", 256, "forward", "invalid"),
         accuracy("vanilla", "vanilla", "copy", 0.9),
         accuracy("linformer(k=8)", "linformer", "copy", None, "error"),
     ]
@@ -70,6 +71,7 @@ def test_html_is_valid_and_self_contained(report) -> None:
         assert base64.b64decode(source.split(",", 1)[1])[:4] == b"\x89PNG"
     text = "".join(checker.text)
     assert "oom: synthetic <failure> & more" in text  # the error, shown as text
+    assert "invalid: synthetic <failure> & more" in text  # invalid cells are failures too
     assert "accuracy" in text.lower() and "0.900 ± 0.040" in text
     assert 'name = "synthetic"' in text  # the spec
     assert "Test CPU" in text  # the environment
@@ -91,6 +93,14 @@ def test_markdown_has_tables_and_relative_figures(report) -> None:
         if path.suffix == ".png":
             assert f"](figures/{path.name})" in text
     assert "```toml" in text
+
+
+def test_invalid_cells_are_failed_cells_not_measurements(report) -> None:
+    html_path, markdown_path, _ = report
+    source = html_path.read_text(encoding="utf-8")
+    assert '<td class="failed">invalid</td>' in source
+    failed_section = markdown_path.read_text(encoding="utf-8").split("## Failed cells")[1]
+    assert "| vanilla\\|n=256\\|forward | invalid |" in failed_section
 
 
 def test_report_of_an_empty_run_is_a_clear_error(tmp_path: Path) -> None:
