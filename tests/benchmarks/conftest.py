@@ -81,6 +81,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help=f"sequence lengths of the attention benchmarks (default: ${SEQ_LENS_ENV}, "
         f"else a smoke test at n={SMOKE_SEQ_LENS[0]})",
     )
+    parser.addoption(
+        "--bench-time-only",
+        action="store_true",
+        help="time the benchmarks but skip their peak-memory profiling (the time gate's "
+        "re-measurements: only the time is wanted, and profiling takes longer than timing)",
+    )
 
 
 def _seq_lens(config: pytest.Config) -> tuple[tuple[int, ...], bool]:

@@ -237,3 +237,4 @@ def test_remeasuring_runs_the_suspects_alone(tmp_path):
     assert again["name"] == "test_attention[vanilla-n32-forward]"
     assert normalised_time(again) > 0
     assert again["extra_info"]["threads"] == remeasured.machine_info["torch_threads"]
+    assert "peak_memory_bytes" not in again["extra_info"]  # time only: no profiling

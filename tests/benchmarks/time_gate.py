@@ -193,6 +193,7 @@ def measure_with_pytest(
             *(entry["fullname"] for entry in entries),
             "--bench-seq-lens",
             ",".join(map(str, seq_lens)),
+            *_time_only(code),
             "--benchmark-enable",
             f"--benchmark-max-time={max_time_s}",
             f"--benchmark-json={out}",
@@ -209,6 +210,12 @@ def measure_with_pytest(
                 f"{completed.stdout[-2000:]}{completed.stderr[-2000:]}"
             )
         return read_saved_run(out)
+
+
+def _time_only(code: Path) -> list[str]:
+    """--bench-time-only where the checkout's suite has it (a baseline's may predate it)."""
+    conftest = code / "tests" / "benchmarks" / "conftest.py"
+    return ["--bench-time-only"] if "--bench-time-only" in conftest.read_text() else []
 
 
 class SideBySide:
