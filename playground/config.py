@@ -85,6 +85,8 @@ def _coerce(value: Any, annotation: Any) -> Any:
         raise TypeError("must be a number")
     if annotation is int:
         if isinstance(value, int) and not isinstance(value, bool):
+            if not -(2**63) <= value < 2**63:
+                raise TypeError("must fit in a 64-bit integer (torch cannot index with it)")
             return value
         raise TypeError("must be an integer")
     if isinstance(annotation, type):

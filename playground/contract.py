@@ -146,7 +146,13 @@ class AttentionVariant(nn.Module):
         key = query if key is None else key
         value = key if value is None else value
         self._check_inputs(query, key, value, attention_mask, extra)
+        self._check_flags(is_causal=is_causal, need_weights=need_weights)
         self._check_capabilities(query, key, attention_mask, is_causal, need_weights, is_cross)
+        self._check_module_matches(query, attention_mask)
+        if min(query.shape[0], query.shape[1], key.shape[1]) == 0:
+            return self._empty_output(query, key.shape[1], need_weights)
+        if attention_mask is not None:
+            query, key, value = _clear_non_finite_padding(query, key, value, attention_mask)
         path = self.forward_fast if self.config.impl == "fast" and self.forward_fast else None
         if path is None:
             return self.forward_reference(
@@ -214,6 +220,49 @@ class AttentionVariant(nn.Module):
                 f"its extra forward arguments are: {takes}",
             )
 
+    @staticmethod
+    def _check_flags(**flags: object) -> None:
+        for label, flag in flags.items():
+            if not isinstance(flag, bool):
+                raise InvalidInput(
+                    f"{label} must be True or False; got {flag!r} ({type(flag).__name__}). "
+                    f"A string such as 'False' is truthy, so it is refused rather than guessed."
+                )
+
+    def _check_module_matches(
+        self, query: torch.Tensor, attention_mask: torch.Tensor | None
+    ) -> None:
+        """The inputs live on the module's device and in its dtype (a raw matmul error
+        otherwise names neither side)."""
+        state = next(
+            (t for t in (*self.parameters(), *self.buffers()) if t.is_floating_point()), None
+        )
+        if state is not None and state.dtype != query.dtype:
+            raise InvalidInput(
+                f"the input is {query.dtype} but the parameters of {self.name!r} are "
+                f"{state.dtype}; "
+                f"convert one to the other: `module.to({query.dtype})` or "
+                f"`query.to({state.dtype})`"
+            )
+        for label, tensor in (("input", query), ("attention_mask", attention_mask)):
+            if state is not None and tensor is not None and tensor.device != state.device:
+                raise InvalidInput(
+                    f"the {label} is on {tensor.device} but the parameters of {self.name!r} are "
+                    f"on {state.device}; move one to the other: `module.to('{tensor.device}')` "
+                    f"or `{label}.to('{state.device}')`"
+                )
+
+    def _empty_output(self, query: torch.Tensor, n_k: int, need_weights: bool) -> AttentionOutput:
+        """No batch, no query or no key: nothing to attend, so zeros of the contract's
+        shapes, the same for every path (a query with no key outputs zero)."""
+        # masked_fill keeps the result in query's graph (with a zero gradient), NaN-safe.
+        output = query.masked_fill(torch.ones((), dtype=torch.bool, device=query.device), 0.0)
+        weights = None
+        if need_weights:
+            batch, n_q = query.shape[:2]
+            weights = query.new_zeros(batch, self.num_heads, n_q, n_k)
+        return AttentionOutput(output, weights)
+
     def _check_capabilities(
         self,
         query: torch.Tensor,
@@ -249,6 +298,18 @@ class AttentionVariant(nn.Module):
                 f"declared dtypes: {', '.join(str(d) for d in caps.dtypes)}",
             )
 
+    def special_sizes(self) -> tuple[int, ...]:
+        """Sequence lengths at which this instance's behaviour changes (a window, a block,
+        a bucket boundary): the contract suite tests lengths on both sides of each.
+
+        The default is every positive integer option; override it to add sizes the
+        options imply (half a window, say) or that are fixed in code."""
+        return tuple(
+            value
+            for value in dataclasses.asdict(self.config).values()
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0
+        )
+
     def count_flops(self, n_q: int, n_k: int) -> float:
         """`flops()` of this instance's shape and options."""
         return type(self).flops(
@@ -257,6 +318,24 @@ class AttentionVariant(nn.Module):
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, num_heads={self.num_heads}, config={self.config}"
+
+
+def _clear_non_finite_padding(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Padded tokens are don't-care, but a NaN or inf there would reach real outputs
+    through 0 · NaN in the weighted sum, so such values become 0 before any path runs.
+    Finite padded values pass through unchanged (the suite checks they never matter)."""
+    padding = ~attention_mask[..., None]  # (B, Nk, 1)
+
+    def cleared(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.masked_fill(padding & ~torch.isfinite(tensor), 0.0)
+
+    cleared_key = cleared(key)
+    cleared_value = cleared_key if value is key else cleared(value)
+    # In self-attention the query is the key sequence and carries its padding too.
+    cleared_query = cleared_key if query is key else query
+    return cleared_query, cleared_key, cleared_value
 
 
 def flops_exponent(

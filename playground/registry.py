@@ -14,6 +14,8 @@ import dataclasses
 import hashlib
 import importlib.metadata
 import importlib.util
+import math
+import numbers
 import os
 import pkgutil
 import sys
@@ -28,8 +30,8 @@ import pluggy
 
 from playground import hookspecs
 from playground.config import VariantConfig
-from playground.contract import AttentionVariant
-from playground.errors import DuplicateVariant, PluginLoadError, UnknownVariant
+from playground.contract import AttentionVariant, Capabilities
+from playground.errors import ConfigError, DuplicateVariant, PluginLoadError, UnknownVariant
 
 ENTRY_POINT_GROUP = "playground"
 PLUGINS_PATH_ENV = "PLAYGROUND_PLUGINS_PATH"
@@ -94,12 +96,42 @@ def _why_not_a_variant(obj: Any) -> str | None:
             return f"variant class {obj.__name__} must set the class attribute {attribute!r}"
     if not obj.name.replace("_", "").isalnum():
         return f"variant name {obj.name!r} must be letters, digits and underscores"
-    if not (dataclasses.is_dataclass(obj.Config) and issubclass(obj.Config, VariantConfig)):
+    if not (
+        isinstance(obj.Config, type)
+        and dataclasses.is_dataclass(obj.Config)
+        and issubclass(obj.Config, VariantConfig)
+    ):
         return f"{obj.__name__}.Config must be a dataclass deriving from VariantConfig"
+    if not isinstance(obj.capabilities, Capabilities):
+        return (
+            f"{obj.__name__}.capabilities must be a playground.Capabilities; got "
+            f"{type(obj.capabilities).__name__}"
+        )
     if obj.forward_reference is AttentionVariant.forward_reference:
         return f"{obj.__name__} must define forward_reference (the paper's math)"
     if obj.flops is AttentionVariant.flops:
         return f"{obj.__name__} must define flops(n_q, n_k, d_model, num_heads, **options)"
+    return _why_flops_fail(obj)
+
+
+def _why_flops_fail(obj: type[AttentionVariant]) -> str | None:
+    """flops() with the default options at a small size must give a finite number >= 0:
+    every table, figure and efficiency divides by it."""
+    try:
+        options = dataclasses.asdict(obj.Config())
+        value = obj.flops(16, 16, 64, 4, **options)
+    except Exception as error:
+        return (
+            f"{obj.__name__}.flops(16, 16, 64, 4, **default options) raised "
+            f"{_describe_error(error)}; it must return the FLOPs of one forward pass"
+        )
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return (
+            f"{obj.__name__}.flops() must return a number of FLOPs; got {value!r} "
+            f"({type(value).__name__})"
+        )
+    if not math.isfinite(value) or value < 0:
+        return f"{obj.__name__}.flops() must return a finite number >= 0; got {value!r}"
     return None
 
 
@@ -283,6 +315,11 @@ class Registry:
         return sorted(self.variants)
 
     def get(self, name: str) -> type[AttentionVariant]:
+        if not isinstance(name, str):
+            raise ConfigError(
+                f"a variant is named by a string such as 'vanilla'; got {name!r} "
+                f"({type(name).__name__}). Registered: {', '.join(self.names()) or '(none)'}"
+            )
         if name in self.duplicates:
             raise self.duplicates[name]
         if name not in self.variants:
@@ -306,7 +343,39 @@ class Registry:
     def build(
         self, name: str, d_model: int = 512, num_heads: int = 8, **options: Any
     ) -> AttentionVariant:
-        return self.get(name)(d_model=d_model, num_heads=num_heads, **options)
+        cls = self.get(name)
+        try:
+            return cls(d_model=d_model, num_heads=num_heads, **options)
+        except (RuntimeError, MemoryError, OverflowError) as error:
+            if not _is_allocation_failure(error):
+                raise
+            sizes = {"d_model": d_model, "num_heads": num_heads, **options}
+            named = ", ".join(
+                f"{key}={value}"
+                for key, value in sizes.items()
+                if isinstance(value, int) and not isinstance(value, bool)
+            )
+            raise ConfigError(
+                f"variant {name!r} cannot be built with {named}: its parameters do not fit "
+                f"in memory ({type(error).__name__}: {str(error).splitlines()[0][:160]}); "
+                f"lower the sizes that set its parameters' shapes"
+            ) from None
+
+
+def _is_allocation_failure(error: BaseException) -> bool:
+    """An allocator refusal or a size that overflows a tensor's storage computation."""
+    if isinstance(error, (MemoryError, OverflowError)):
+        return True
+    message = str(error)
+    return any(
+        words in message
+        for words in (
+            "can't allocate memory",
+            "Storage size calculation overflowed",
+            "out of memory",
+            "negative dimension",
+        )
+    )
 
 
 _default: Registry | None = None

@@ -3,6 +3,7 @@ load errors reported with their source while everything else still loads."""
 
 from __future__ import annotations
 
+import re
 import sys
 import textwrap
 
@@ -187,3 +188,57 @@ def test_public_api_uses_the_default_registry(write_plugin):
     finally:
         configure([])
     assert "public" not in default_registry().names()
+
+
+BROKEN_CLASS_PLUGIN = """
+    import playground
+
+    Vanilla = playground.get_variant("vanilla")
+
+    class Broken(Vanilla):
+        name = "broken_class"
+        {body}
+
+    @playground.hookimpl
+    def register_attention(register):
+        register(Broken)
+"""
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("capabilities = {'causal': True}", "capabilities must be a playground.Capabilities"),
+        (
+            "flops = staticmethod(lambda n_q, n_k, d_model, num_heads, **o: 1 / 0)",
+            r"flops\(16, 16, 64, 4, \*\*default options\) raised ZeroDivisionError",
+        ),
+        (
+            "flops = staticmethod(lambda n_q, n_k, d_model, num_heads, **o: 'many')",
+            "must return a number of FLOPs; got 'many'",
+        ),
+        (
+            "flops = staticmethod(lambda n_q, n_k, d_model, num_heads, **o: float('nan'))",
+            "must return a finite number >= 0",
+        ),
+        ("summary = ''", "must set the class attribute 'summary'"),
+    ],
+    ids=["capabilities", "flops-raises", "flops-not-a-number", "flops-nan", "no-summary"],
+)
+def test_a_broken_class_is_refused_at_registration_naming_its_file(write_plugin, body, message):
+    path = write_plugin("broken_class.py", textwrap.dedent(BROKEN_CLASS_PLUGIN).format(body=body))
+    registry = Registry.discover([path.parent], entry_points=False)
+    assert "broken_class" not in registry.names()
+    assert "vanilla" in registry.names()  # everything else still loads and lists
+    (error,) = registry.errors
+    assert error.source == str(path.resolve())
+    assert re.search(message, error.message), error.message
+    for name in registry.names():  # what `playground list` reads for every variant
+        cls = registry.get(name)
+        assert cls.capabilities.features() and cls.flops(8, 8, 16, 2) > 0
+
+
+@pytest.mark.parametrize("name", [None, 3, ["vanilla"]])
+def test_a_name_that_is_not_a_string_is_a_clear_error(name):
+    with pytest.raises(playground.ConfigError, match=r"named by a string such as 'vanilla'"):
+        playground.build(name)
