@@ -65,6 +65,8 @@ class LongformerConfig(VariantConfig):
                 f"attention_window must be an even integer >= 2 (the total window: "
                 f"attention_window / 2 keys on each side); got {self.attention_window}"
             )
+        # A position listed twice is one global token (and counted once in flops()).
+        object.__setattr__(self, "global_tokens", tuple(sorted(set(self.global_tokens))))
         negative = [p for p in self.global_tokens if p < 0]
         if negative:
             raise ValueError(
@@ -103,7 +105,7 @@ class LongformerAttention(AttentionVariant):
     @staticmethod
     def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: object) -> float:
         window = int(options.get("attention_window", 512))
-        num_global = min(len(options.get("global_tokens", ())), n_q)  # type: ignore[arg-type]
+        num_global = min(len(set(options.get("global_tokens", ()))), n_q)  # type: ignore[arg-type]
         projections = 2 * (n_q + 2 * n_k + n_q) * d_model * d_model  # q, k, v, out
         if num_global:
             # q_g for the global tokens only; k_g and v_g for every position they attend to.
@@ -126,6 +128,10 @@ class LongformerAttention(AttentionVariant):
         self.q_global_proj.load_state_dict(self.q_proj.state_dict())
         self.k_global_proj.load_state_dict(self.k_proj.state_dict())
         self.v_global_proj.load_state_dict(self.v_proj.state_dict())
+
+    def special_sizes(self) -> tuple[int, ...]:
+        """The one-sided reach w and the fast path's query block, besides the options."""
+        return (*super().special_sizes(), self.config.attention_window // 2, BLOCK)
 
     def _token_roles(
         self, x: torch.Tensor, attention_mask: torch.Tensor | None, global_attention_mask

@@ -210,3 +210,95 @@ class FastLosesBiasGradient(Vanilla):
         )
         bias = self.out_proj.bias
         return AttentionOutput(output - bias + bias.detach(), weights)
+
+
+# --- corners: bugs that only show at some lengths, modes, batch positions or gradients ---
+LEAK_ABOVE = 16
+
+
+def _leak_future(output: torch.Tensor, value: torch.Tensor, start: int = 0) -> torch.Tensor:
+    """Adds each next token's value to the output from position `start` on: a future leak."""
+    leaked = output.clone()
+    leaked[:, start:-1] = leaked[:, start:-1] + value[:, start + 1 :]
+    return leaked
+
+
+class LeaksAboveLength(Vanilla):
+    """Honours is_causal only up to 16 keys (a cached mask that stops growing, say)."""
+
+    name = "broken_leaks_above_length"
+
+    def forward_reference(self, query, key, value, attention_mask, is_causal, need_weights):
+        causal = is_causal and key.shape[1] <= LEAK_ABOVE
+        return super().forward_reference(query, key, value, attention_mask, causal, need_weights)
+
+    def forward_fast(self, query, key, value, attention_mask, is_causal, need_weights):
+        causal = is_causal and key.shape[1] <= LEAK_ABOVE
+        return super().forward_fast(query, key, value, attention_mask, causal, need_weights)
+
+
+class FastLeaksAboveLength(Vanilla):
+    """The reference is right; the fast path drops the causal mask above 16 keys."""
+
+    name = "broken_fast_leaks_above_length"
+
+    def forward_fast(self, query, key, value, attention_mask, is_causal, need_weights):
+        causal = is_causal and key.shape[1] <= LEAK_ABOVE
+        return super().forward_fast(query, key, value, attention_mask, causal, need_weights)
+
+
+class LeaksForLaterBatchElements(Vanilla):
+    """Causal for batch elements 0 and 1 only; the third and later see the future."""
+
+    name = "broken_leaks_for_batch_index_2"
+
+    def forward_reference(self, query, key, value, attention_mask, is_causal, need_weights):
+        output, weights = super().forward_reference(
+            query, key, value, attention_mask, is_causal, need_weights
+        )
+        if is_causal and query.shape[0] > 2 and 1 < query.shape[1] == key.shape[1]:
+            output = torch.cat([output[:2], _leak_future(output[2:], value[2:])])
+        return AttentionOutput(output, weights)
+
+    forward_fast = None
+
+
+class LeaksOnlyThroughGradient(Vanilla):
+    """Exact causal values, but the gradient of output i reaches token i + 1."""
+
+    name = "broken_gradient_only_leak"
+
+    def forward_reference(self, query, key, value, attention_mask, is_causal, need_weights):
+        output, weights = super().forward_reference(
+            query, key, value, attention_mask, is_causal, need_weights
+        )
+        if is_causal and 1 < query.shape[1] == key.shape[1]:
+            shifted = _leak_future(torch.zeros_like(output), value)
+            output = output + (shifted - shifted.detach())  # adds 0, but not to the gradient
+        return AttentionOutput(output, weights)
+
+    forward_fast = None
+
+
+class IgnoresPaddingInTraining(Vanilla):
+    """Drops the padding mask in train mode only (a training-only kernel, say)."""
+
+    name = "broken_ignores_padding_in_training"
+
+    def forward_reference(self, query, key, value, attention_mask, is_causal, need_weights):
+        mask = None if self.training else attention_mask
+        return super().forward_reference(query, key, value, mask, is_causal, need_weights)
+
+    forward_fast = None
+
+
+class IgnoresPaddingUnderCausal(Vanilla):
+    """Honours padding alone and causality alone, but drops padding when both are asked."""
+
+    name = "broken_ignores_padding_under_causal"
+
+    def forward_reference(self, query, key, value, attention_mask, is_causal, need_weights):
+        mask = None if is_causal else attention_mask
+        return super().forward_reference(query, key, value, mask, is_causal, need_weights)
+
+    forward_fast = None

@@ -20,7 +20,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+import torch
+
 from playground.contract import AttentionVariant
+from playground.errors import ConfigError
 from playground.registry import Registry, default_registry
 from playground.testing.checks import (
     CHECKS,
@@ -29,6 +32,7 @@ from playground.testing.checks import (
     CheckSkipped,
     Subject,
 )
+from playground.testing.properties import property_search
 
 if TYPE_CHECKING:
     import pytest
@@ -85,6 +89,10 @@ class CheckCase:
     def evaluate(self) -> CheckResult:
         """Run the check and return its result (never raises for a failed check)."""
         start = time.perf_counter()
+        threads = torch.get_num_threads()
+        # The suite's tensors are small: one thread runs them fastest, and other jobs on
+        # the machine slow it least.
+        torch.set_num_threads(1)
         try:
             self.check(Subject(self.variant, impl=self.impl, options=dict(self.options)))
         except CheckSkipped as skipped:
@@ -95,6 +103,8 @@ class CheckCase:
             status, reason = "failed", f"raised {type(error).__name__}: {error}"
         else:
             status, reason = "passed", ""
+        finally:
+            torch.set_num_threads(threads)
         return CheckResult(
             self.variant.name,
             self.impl,
@@ -115,12 +125,17 @@ class CheckCase:
             pytest.fail(f"{self.id}: {result.reason}", pytrace=False)
 
 
-def _resolve(
+def resolve_variant(
     variant: str | type[AttentionVariant], registry: Registry | None
 ) -> type[AttentionVariant]:
     if isinstance(variant, str):
         return (registry or default_registry()).get(variant)
-    return variant
+    if isinstance(variant, type) and issubclass(variant, AttentionVariant):
+        return variant
+    raise ConfigError(
+        f"the contract suite checks a registered variant name (a str such as 'vanilla') or "
+        f"an AttentionVariant subclass; got {variant!r} ({type(variant).__name__})"
+    )
 
 
 def iter_cases(
@@ -134,7 +149,7 @@ def iter_cases(
     names = registry.names() if variants is None else variants
     frozen_options = tuple(sorted((options or {}).items()))
     for variant in names:
-        cls = _resolve(variant, registry)
+        cls = resolve_variant(variant, registry)
         impls = ("fast", "reference") if cls.forward_fast is not None else ("fast",)
         for impl in impls:
             for check in checks:
@@ -150,7 +165,7 @@ def check_attention(
     options: dict[str, Any] | None = None,
 ) -> CheckReport:
     """Run the contract suite on one variant (a registered name or a class)."""
-    cls = _resolve(variant, registry)
+    cls = resolve_variant(variant, registry)
     report = CheckReport(cls.name)
     for case in iter_cases([cls], checks, options=options):
         report.results.append(case.evaluate())
@@ -180,4 +195,6 @@ __all__ = [
     "check_attention",
     "iter_cases",
     "parametrize_with_checks",
+    "property_search",
+    "resolve_variant",
 ]

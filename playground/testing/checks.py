@@ -1,176 +1,199 @@
-"""The contract checks: small named functions, each proving one promise of DESIGN.md.
+"""The contract checks: small named functions, each proving one promise of the contract
+(docs/design.md, "The contract suite").
 
 A check takes a `Subject` (a variant class, its options and impl, at a small size) and
 returns None when the promise holds. It raises `CheckFailed` with a message saying what
-broke and by how much, or `CheckSkipped` naming the undeclared capability that makes the
-check meaningless. Checks skip only by declared capability.
+broke, where and by how much, or `CheckSkipped` naming the undeclared capability that
+makes the check meaningless. Checks skip only by declared capability.
+
+The promises about masks, batches and time are checked in the corners (`corners.py`):
+at every length of `Subject.lengths` (1, 2, both sides of each special size, a long
+one), in eval and in train mode, for batches of three whose masks differ per element, for
+every declared mask combination, and for gradients as well as values.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from playground.contract import AttentionOutput
 from playground.errors import InvalidInput, UnsupportedFeature
 from playground.masks import allowed_keys
-from playground.testing.subject import Subject
+from playground.testing.corners import (
+    CheckFailed,
+    CheckSkipped,
+    assert_batch_independent,
+    assert_causal,
+    assert_empty_rows_are_zero,
+    assert_padding_invariant,
+    max_difference,
+    running,
+    where,
+)
+from playground.testing.properties import check_property_search
+from playground.testing.subject import LONG_LENGTH, MODES, Subject, describe
 
-TOLERANCE = 1e-5  # fp32: fast vs reference, batch independence, invariances
-
-
-class CheckFailed(AssertionError):
-    """The variant broke the promise the check tests."""
-
-
-class CheckSkipped(Exception):
-    """The check does not apply: the variant does not declare the capability."""
-
-
-def _max_difference(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a.double() - b.double()).abs().max().item()
-
-
-def _describe(case: dict[str, Any]) -> str:
-    """ "padding+causal", "causal", "no mask": which masks a case applies."""
-    names = {"attention_mask": "padding", "is_causal": "causal"}
-    return "+".join(names[key] for key in case) or "no mask"
+TOLERANCE = 1e-5  # fp32: fast vs reference
+GRADIENT_TOLERANCE = 1e-4  # fp32: fast vs reference gradients (summed over more terms)
 
 
-# --- the checks --------------------------------------------------------------------
+# --- what comes back --------------------------------------------------------------
 def check_output_shape_and_dtype(subject: Subject) -> None:
-    """Self-attention returns (B, N, d_model) in the input dtype; weights only on request."""
-    module, x = subject.build(), subject.tokens()
-    result = module(x)
-    if not isinstance(result, AttentionOutput):
-        raise CheckFailed(f"forward returned {type(result).__name__}, not AttentionOutput")
-    if tuple(result.output.shape) != tuple(x.shape) or result.output.dtype != x.dtype:
-        raise CheckFailed(
-            f"output is {tuple(result.output.shape)} {result.output.dtype}; "
-            f"expected {tuple(x.shape)} {x.dtype}"
-        )
-    if result.weights is not None:
-        raise CheckFailed("weights returned although need_weights=False")
-    if not torch.isfinite(result.output).all():
-        raise CheckFailed("output has NaN or inf on ordinary inputs")
-    if subject.caps.need_weights:
-        weights = module(x, need_weights=True).weights
-        expected = (subject.batch, subject.num_heads, subject.seq_len, subject.seq_len)
-        if weights is None or tuple(weights.shape) != expected:
-            got = None if weights is None else tuple(weights.shape)
-            raise CheckFailed(f"need_weights=True gave weights of shape {got}; expected {expected}")
+    """Self-attention returns (B, N, d_model) in the input dtype, finite, at every
+    length; weights only on request, (B, H, N, N)."""
+    for n in subject.lengths:
+        module, x = subject.build(), subject.tokens(n)
+        with torch.no_grad():
+            result = module(x)
+        if not isinstance(result, AttentionOutput):
+            raise CheckFailed(f"forward returned {type(result).__name__}, not AttentionOutput")
+        if tuple(result.output.shape) != tuple(x.shape) or result.output.dtype != x.dtype:
+            raise CheckFailed(
+                f"output is {tuple(result.output.shape)} {result.output.dtype} at n={n}; "
+                f"expected {tuple(x.shape)} {x.dtype}"
+            )
+        if result.weights is not None:
+            raise CheckFailed("weights returned although need_weights=False")
+        if not torch.isfinite(result.output).all():
+            raise CheckFailed(f"output has NaN or inf on ordinary inputs at n={n}")
+        if subject.caps.need_weights:
+            with torch.no_grad():
+                weights = module(x, need_weights=True).weights
+            expected = (subject.batch, subject.num_heads, n, n)
+            if weights is None or tuple(weights.shape) != expected:
+                got = None if weights is None else tuple(weights.shape)
+                raise CheckFailed(
+                    f"need_weights=True gave weights of shape {got} at n={n}; expected {expected}"
+                )
+
+
+def check_empty_inputs(subject: Subject) -> None:
+    """A batch of 0, or no query (or no key), returns zeros of the contract's shape."""
+    module = subject.build()
+    x = subject.tokens()
+    calls = {"batch 0": (x[:0],), "no query": (x[:, :0],)}
+    if subject.caps.cross_attention:
+        calls["no key"] = (x, x[:, :0], x[:, :0])
+    for label, arguments in calls.items():
+        try:
+            with torch.no_grad():
+                output = module(*arguments).output
+        except Exception as error:
+            raise CheckFailed(f"{label} raised {type(error).__name__}: {error}") from None
+        expected = (arguments[0].shape[0], arguments[0].shape[1], subject.d_model)
+        if tuple(output.shape) != expected or (output.numel() and output.abs().max() != 0):
+            raise CheckFailed(f"{label} gave {tuple(output.shape)}; expected zeros of {expected}")
 
 
 def check_key_value_default_to_query(subject: Subject) -> None:
     """forward(x) equals forward(x, x, x): key and value default to the query."""
     module, x = subject.build(), subject.tokens()
-    difference = _max_difference(module(x).output, module(x, x, x).output)
+    with torch.no_grad():
+        difference = max_difference(module(x).output, module(x, x, x).output)
     if difference > 0:
         raise CheckFailed(f"forward(x) and forward(x, x, x) differ by {difference:.3g}")
 
 
 def check_cross_attention(subject: Subject) -> None:
-    """Queries attend over a key/value sequence of another length."""
+    """Queries attend over a key/value sequence of another length, shorter or longer."""
     if not subject.caps.cross_attention:
         raise CheckSkipped("cross_attention not declared")
     module = subject.build()
-    n_q, n_k = max(2, subject.seq_len // 2), subject.seq_len
-    query, memory = subject.tokens(n_q), subject.tokens(n_k, seed=2)
-    result = module(query, memory, memory, need_weights=subject.caps.need_weights)
-    if tuple(result.output.shape) != (subject.batch, n_q, subject.d_model):
-        raise CheckFailed(f"cross-attention output is {tuple(result.output.shape)}")
-    if result.weights is not None and tuple(result.weights.shape) != (
-        subject.batch,
-        subject.num_heads,
-        n_q,
-        n_k,
-    ):
-        raise CheckFailed(f"cross-attention weights are {tuple(result.weights.shape)}")
-    other = subject.tokens(n_k, seed=3)
-    if _max_difference(result.output, module(query, other, other).output) == 0:
-        raise CheckFailed("the output does not depend on key/value: they are ignored")
-
-
-def check_batch_independence(subject: Subject) -> None:
-    """Each batch element's output is what it gets alone."""
-    module, x = subject.build(), subject.tokens()
-    mask = subject.padding_mask() if subject.caps.padding_mask else None
-    together = module(x, attention_mask=mask).output
-    for b in range(subject.batch):
-        alone_mask = None if mask is None else mask[b : b + 1]
-        alone = module(x[b : b + 1], attention_mask=alone_mask).output
-        difference = _max_difference(together[b : b + 1], alone)
-        if difference > TOLERANCE:
+    longest = subject.lengths[-1]
+    for n_q, n_k in ((max(2, subject.seq_len // 2), subject.seq_len), (longest, 2), (1, longest)):
+        query, memory = subject.tokens(n_q), subject.tokens(n_k, seed=2)
+        with torch.no_grad():
+            result = module(query, memory, memory, need_weights=subject.caps.need_weights)
+            other = subject.tokens(n_k, seed=3)
+            moved = module(query, other, other).output
+        if tuple(result.output.shape) != (subject.batch, n_q, subject.d_model):
             raise CheckFailed(
-                f"batch element {b} differs by {difference:.3g} when run alone: "
-                f"elements of a batch influence each other"
+                f"cross-attention output is {tuple(result.output.shape)} for Nq={n_q}, Nk={n_k}"
             )
+        if result.weights is not None and tuple(result.weights.shape) != (
+            subject.batch,
+            subject.num_heads,
+            n_q,
+            n_k,
+        ):
+            raise CheckFailed(f"cross-attention weights are {tuple(result.weights.shape)}")
+        if max_difference(result.output, moved) == 0:
+            raise CheckFailed(
+                f"the output does not depend on key/value (Nq={n_q}, Nk={n_k}): they are ignored"
+            )
+
+
+# --- masks, batches and time, in the corners ---------------------------------------
+def check_batch_independence(subject: Subject) -> None:
+    """Each batch element's output is what it gets alone: every length, both modes,
+    every mask combination, masks that differ per element."""
+    for n, mode, case in subject.corners():
+        assert_batch_independent(subject.build(mode=mode), subject.tokens(n), case, mode)
 
 
 def check_padding_invariance(subject: Subject) -> None:
-    """Changing a padded token never changes a real query's output."""
+    """Changing a padded token (to noise, NaN or inf) never changes a real query's
+    output: every length, both modes, with and without causal masking."""
     if not subject.caps.padding_mask:
         raise CheckSkipped("padding_mask not declared")
-    module, x, mask = subject.build(), subject.tokens(), subject.padding_mask()
-    for case in ({}, {"is_causal": True}) if subject.caps.causal else ({},):
-        before = module(x, attention_mask=mask, **case).output
-        changed = torch.where(mask[..., None], x, 100 * subject.tokens(seed=9))
-        after = module(changed, attention_mask=mask, **case).output
-        difference = _max_difference(before[mask], after[mask])
-        if difference > TOLERANCE:
-            raise CheckFailed(
-                f"real queries changed by {difference:.3g} when only padded tokens changed "
-                f"({_describe(case)}): padding leaks into the output"
-            )
+    for n, mode, case in subject.corners():
+        if "attention_mask" in case:
+            assert_padding_invariant(subject.build(mode=mode), subject.tokens(n), case, mode)
 
 
 def check_padded_weights_are_zero(subject: Subject) -> None:
-    """Padded keys get exactly zero attention weight."""
+    """Padded keys get exactly zero attention weight, with and without causal masking."""
     if not (subject.caps.padding_mask and subject.caps.need_weights):
         raise CheckSkipped("needs padding_mask and need_weights")
-    module, x, mask = subject.build(), subject.tokens(), subject.padding_mask()
-    weights = module(x, attention_mask=mask, need_weights=True).weights  # (B, H, N, N)
-    leaked = weights.masked_select(~mask[:, None, None, :]).abs().max().item()
-    if leaked != 0:
-        raise CheckFailed(f"a padded key got weight {leaked:.3g}; it must be exactly 0")
+    for n, mode, case in subject.corners():
+        if "attention_mask" not in case:
+            continue
+        with running(mode):
+            weights = subject.build(mode=mode)(subject.tokens(n), need_weights=True, **case).weights
+        leaked = weights.masked_select(~case["attention_mask"][:, None, None, :])
+        if leaked.numel() and leaked.abs().max().item() != 0:
+            raise CheckFailed(
+                f"a padded key got weight {leaked.abs().max().item():.3g} "
+                f"({where(n, mode, case)}); it must be exactly 0"
+            )
 
 
 def check_causality(subject: Subject) -> None:
-    """Perturbing token j never changes the output at any position i < j."""
+    """Under is_causal, output i depends on no token j > i: its value is unchanged by
+    any future token (both modes), and in training its gradient with respect to every
+    future query, key and value token is exactly zero. Every position, every length,
+    with and without padding."""
     if not subject.caps.causal:
         raise CheckSkipped("causal not declared")
-    module, x = subject.build(), subject.tokens()
-    before = module(x, is_causal=True).output
-    for j in (1, subject.seq_len // 2, subject.seq_len - 1):
-        changed = x.clone()
-        changed[:, j] += 10 * subject.tokens(seed=j + 10)[:, j]
-        after = module(changed, is_causal=True).output
-        difference = _max_difference(before[:, :j], after[:, :j])
-        if difference > TOLERANCE:
-            raise CheckFailed(
-                f"outputs before position {j} changed by {difference:.3g} when token {j} "
-                f"changed under is_causal=True: the variant leaks the future"
-            )
-    if subject.caps.need_weights:
-        weights = module(x, is_causal=True, need_weights=True).weights
-        future = weights.triu(diagonal=1).abs().max().item()
-        if future != 0:
-            raise CheckFailed(f"a future key got weight {future:.3g} under is_causal=True")
+    for n, mode, case in subject.corners():
+        if not case.get("is_causal"):
+            continue
+        module, x = subject.build(mode=mode), subject.tokens(n)
+        training = mode == "train"
+        assert_causal(module, {"query": x}, case, mode, gradients=training)
+        if subject.caps.cross_attention and training and "attention_mask" in case:
+            key, value = subject.tokens(n, seed=2), subject.tokens(n, seed=3)
+            separate = {"query": x, "key": key, "value": value}
+            assert_causal(module, separate, case, mode, gradients=True)
+        if subject.caps.need_weights:
+            with running(mode):
+                weights = module(x, need_weights=True, **case).weights
+            future = weights.triu(diagonal=1).abs().max().item()
+            if future != 0:
+                raise CheckFailed(f"a future key got weight {future:.3g} ({where(n, mode, case)})")
 
 
 def check_weights_sum_to_one(subject: Subject) -> None:
     """Every real query that can see a key has non-negative weights summing to 1."""
     if not subject.caps.need_weights:
         raise CheckSkipped("need_weights not declared")
-    module, x = subject.build(), subject.tokens()
-    for case in subject.mask_cases():
-        weights = module(x, need_weights=True, **case).weights
-        allowed = allowed_keys(
-            case.get("attention_mask"), x.shape[1], x.shape[1], case.get("is_causal", False)
-        )
+    for n, mode, case in subject.corners():
+        with running(mode):
+            weights = subject.build(mode=mode)(subject.tokens(n), need_weights=True, **case).weights
+        allowed = allowed_keys(case.get("attention_mask"), n, n, case.get("is_causal", False))
         rows = torch.ones(weights.shape[:-1], dtype=torch.bool)
         if allowed is not None:
             rows = allowed.any(dim=-1).expand_as(rows)
@@ -178,11 +201,11 @@ def check_weights_sum_to_one(subject: Subject) -> None:
             # A padded query's row is the variant's to define (Longformer, like HF, gives
             # it no weights at all); real queries must sum to 1.
             rows = rows & case["attention_mask"][:, None, :]
-        error = (weights.sum(dim=-1)[rows] - 1).abs().max().item()
+        error = (weights.sum(dim=-1)[rows] - 1).abs().max().item() if rows.any() else 0.0
         if error > TOLERANCE or weights.min().item() < 0:
             raise CheckFailed(
                 f"weights rows sum to 1 ± {error:.3g} (min weight {weights.min().item():.3g}) "
-                f"with {_describe(case)}"
+                f"({where(n, mode, case)})"
             )
 
 
@@ -190,151 +213,194 @@ def check_fully_masked_rows_are_zero(subject: Subject) -> None:
     """A query with no visible key outputs exactly zero, never NaN, and stays trainable."""
     if not subject.caps.padding_mask:
         raise CheckSkipped("padding_mask not declared (no query can be fully masked)")
-    module, x = subject.build(), subject.tokens().requires_grad_(True)
-    all_padding = subject.padding_mask()
-    all_padding[0] = False  # element 0: every key is padding, so all its queries are empty
-    cases = [({"attention_mask": all_padding}, (0, slice(None)))]
-    if subject.caps.causal:
-        first_padded = subject.padding_mask()
-        first_padded[:, 0] = False  # query 0 sees only key 0, which is padding
-        cases.append(({"attention_mask": first_padded, "is_causal": True}, (slice(None), 0)))
-    for case, empty_rows in cases:
-        result = module(x, need_weights=subject.caps.need_weights, **case)
-        rows = result.output[empty_rows]
-        if not torch.isfinite(rows).all() or rows.abs().max().item() != 0:
-            raise CheckFailed(
-                f"fully masked query rows ({_describe(case)}) gave {rows.abs().max().item():.3g} "
-                f"(NaN/inf: {not torch.isfinite(rows).all()}); they must be exactly 0"
-            )
-        if (
-            result.weights is not None
-            and result.weights[empty_rows[0], :, empty_rows[1]].abs().max() != 0
-        ):
-            raise CheckFailed(f"fully masked query rows have non-zero weights ({_describe(case)})")
-        (result.output * subject.tokens(seed=5)).sum().backward()
-        if not torch.isfinite(x.grad).all():
-            raise CheckFailed(f"gradients are NaN/inf with a fully masked row ({_describe(case)})")
-        x.grad = None
+    for n in (subject.seq_len, subject.lengths[-1]):
+        nothing = subject.padding_mask(n)
+        nothing[0] = False  # element 0: every key is padding, so all its queries are empty
+        cases = [({"attention_mask": nothing}, ~nothing.any(dim=-1, keepdim=True).expand(-1, n))]
+        if subject.caps.causal:
+            first_padded = subject.padding_mask(n)
+            first_padded[:, 0] = False  # query 0 sees only key 0, which is padding
+            empty = ~first_padded.cumsum(dim=-1).bool()  # no real key at or before i
+            cases.append(({"attention_mask": first_padded, "is_causal": True}, empty))
+        for mode in MODES:
+            for case, empty in cases:
+                module = subject.build(mode=mode)
+                assert_empty_rows_are_zero(
+                    module, subject.tokens(n), case, empty, mode, subject.caps.need_weights
+                )
 
 
+# --- training ----------------------------------------------------------------------
 def check_gradients_reach_every_parameter(subject: Subject) -> None:
     """Backward gives a finite, non-zero gradient to every parameter and to the inputs."""
-    module = subject.build().train()
-    query = subject.tokens().requires_grad_(True)
-    inputs = [query]
-    output = module(query).output
-    if subject.caps.cross_attention:
-        memory = subject.tokens(seed=2).requires_grad_(True)
-        inputs.append(memory)
-        output = output + module(query, memory, memory).output
-    (output * subject.tokens(seed=4)).sum().backward()
-    for name, parameter in module.named_parameters():
-        grad = parameter.grad
-        if grad is None or not torch.isfinite(grad).all() or grad.abs().max().item() == 0:
-            state = "no" if grad is None else "a zero or non-finite"
-            raise CheckFailed(f"parameter {name!r} gets {state} gradient")
-    for tensor in inputs:
-        if tensor.grad is None or tensor.grad.abs().max().item() == 0:
-            raise CheckFailed("the inputs get no gradient")
+    for n in (subject.seq_len, subject.lengths[-1]):
+        module = subject.build(mode="train")
+        query = subject.tokens(n).requires_grad_(True)
+        inputs = [query]
+        output = module(query).output
+        if subject.caps.cross_attention:
+            memory = subject.tokens(n, seed=2).requires_grad_(True)
+            inputs.append(memory)
+            output = output + module(query, memory, memory).output
+        (output * subject.tokens(n, seed=4)).sum().backward()
+        for name, parameter in module.named_parameters():
+            grad = parameter.grad
+            if grad is None or not torch.isfinite(grad).all() or grad.abs().max().item() == 0:
+                state = "no" if grad is None else "a zero or non-finite"
+                raise CheckFailed(f"parameter {name!r} gets {state} gradient at n={n}")
+        for tensor in inputs:
+            if tensor.grad is None or tensor.grad.abs().max().item() == 0:
+                raise CheckFailed(f"the inputs get no gradient at n={n}")
 
 
 def check_eval_mode_is_deterministic(subject: Subject) -> None:
     """In eval mode two calls give identical outputs, dropout included."""
     overrides = {"dropout": 0.5} if "dropout" in _option_names(subject) else {}
     module, x = subject.build(**overrides), subject.tokens()
-    difference = _max_difference(module(x).output, module(x).output)
+    with torch.no_grad():
+        difference = max_difference(module(x).output, module(x).output)
     if difference != 0:
         raise CheckFailed(f"two eval-mode calls differ by {difference:.3g}")
 
 
 def check_fast_matches_reference(subject: Subject) -> None:
-    """impl="fast" equals impl="reference" (same weights) within 1e-5 in fp32 for every
-    mask combination the variant declares: outputs, weights, and the gradients of the
-    inputs and of every parameter."""
+    """impl="fast" equals impl="reference" (same weights) within 1e-5 in fp32 at every
+    length, in both modes, for every mask combination the variant declares (and for
+    cross-attention when declared): outputs, weights, and the gradients of the inputs and
+    of every parameter."""
     if subject.cls.forward_fast is None:
         raise CheckSkipped("no fast path: impl='fast' runs the reference")
-    fast, reference = subject.build(impl="fast"), subject.build(impl="reference")
-    reference.load_state_dict(fast.state_dict())
-    x = subject.tokens()
-    for case in subject.mask_cases():
-        for need_weights in {False, subject.caps.need_weights}:
-            inputs = [x.clone().requires_grad_(True) for _ in range(2)]
-            results = [
-                module(tokens, need_weights=need_weights, **case)
-                for module, tokens in zip((fast, reference), inputs, strict=False)
-            ]
-            label = f"{_describe(case)}, need_weights={need_weights}"
-            difference = _max_difference(results[0].output, results[1].output)
-            if difference > TOLERANCE:
+    for n, mode, case in subject.corners():
+        fast, reference = (
+            subject.build(impl="fast", mode=mode),
+            subject.build(impl="reference", mode=mode),
+        )
+        reference.load_state_dict(fast.state_dict())
+        _compare_paths(subject, fast, reference, (subject.tokens(n),), case, where(n, mode, case))
+    if subject.caps.cross_attention:
+        fast, reference = subject.build(impl="fast"), subject.build(impl="reference")
+        reference.load_state_dict(fast.state_dict())
+        longest = subject.lengths[-1]
+        for n_q, n_k in ((longest, 2), (3, longest)):
+            arguments = (
+                subject.tokens(n_q),
+                subject.tokens(n_k, seed=2),
+                subject.tokens(n_k, seed=3),
+            )
+            _compare_paths(subject, fast, reference, arguments, {}, f"cross Nq={n_q}, Nk={n_k}")
+
+
+def _compare_paths(subject, fast, reference, arguments, case, label) -> None:
+    for need_weights in {False, subject.caps.need_weights}:
+        inputs = [[a.clone().requires_grad_(True) for a in arguments] for _ in range(2)]
+        results = [
+            module(*tensors, need_weights=need_weights, **case)
+            for module, tensors in zip((fast, reference), inputs, strict=True)
+        ]
+        context = f"{label}, need_weights={need_weights}"
+        difference = max_difference(results[0].output, results[1].output)
+        if not difference <= TOLERANCE:
+            raise CheckFailed(f"fast and reference outputs differ by {difference:.3g} ({context})")
+        if need_weights:
+            difference = max_difference(results[0].weights, results[1].weights)
+            if not difference <= TOLERANCE:
                 raise CheckFailed(
-                    f"fast and reference outputs differ by {difference:.3g} ({label})"
+                    f"fast and reference weights differ by {difference:.3g} ({context})"
                 )
-            if need_weights:
-                difference = _max_difference(results[0].weights, results[1].weights)
-                if difference > TOLERANCE:
+        upstream = torch.randn(results[0].output.shape, generator=torch.Generator().manual_seed(6))
+        for module, result in zip((fast, reference), results, strict=True):
+            module.zero_grad(set_to_none=True)
+            (result.output * upstream).sum().backward()
+        for fast_input, reference_input in zip(*inputs, strict=True):
+            difference = max_difference(fast_input.grad, reference_input.grad)
+            if not difference <= GRADIENT_TOLERANCE:
+                raise CheckFailed(
+                    f"fast and reference input gradients differ by {difference:.3g} ({context})"
+                )
+        references = dict(reference.named_parameters())
+        for name, parameter in fast.named_parameters():
+            other = references[name].grad
+            if (parameter.grad is None) != (other is None):
+                raise CheckFailed(f"only one path gives {name!r} a gradient ({context})")
+            if parameter.grad is not None:
+                difference = max_difference(parameter.grad, other)
+                if not difference <= GRADIENT_TOLERANCE:
                     raise CheckFailed(
-                        f"fast and reference weights differ by {difference:.3g} ({label})"
+                        f"fast and reference gradients of {name!r} differ by "
+                        f"{difference:.3g} ({context})"
                     )
-            upstream = subject.tokens(seed=6)
-            for module, result in zip((fast, reference), results, strict=True):
-                module.zero_grad(set_to_none=True)
-                (result.output * upstream).sum().backward()
-            difference = _max_difference(inputs[0].grad, inputs[1].grad)
-            if difference > 10 * TOLERANCE:
-                raise CheckFailed(
-                    f"fast and reference input gradients differ by {difference:.3g} ({label})"
-                )
-            references = dict(reference.named_parameters())
-            for name, parameter in fast.named_parameters():
-                other = references[name].grad
-                if (parameter.grad is None) != (other is None):
-                    raise CheckFailed(f"only one path gives {name!r} a gradient ({label})")
-                if parameter.grad is not None:
-                    difference = _max_difference(parameter.grad, other)
-                    if difference > 10 * TOLERANCE:
-                        raise CheckFailed(
-                            f"fast and reference gradients of {name!r} differ by "
-                            f"{difference:.3g} ({label})"
-                        )
 
 
-def _check_dtype(subject: Subject, dtype: torch.dtype, tolerance: float) -> None:
+# --- dtypes ------------------------------------------------------------------------
+def _check_dtype(subject: Subject, dtype: torch.dtype, agreement: float) -> None:
+    """Agreement with fp32 to `agreement` of the output scale, and the mask, batch and
+    causality promises in that dtype too."""
     if dtype not in subject.caps.dtypes:
         raise CheckSkipped(f"{dtype} not declared")
-    x = subject.tokens()
-    for case in subject.mask_cases():
-        expected = subject.build()(x, **case).output.double()
-        output = subject.build(dtype=dtype)(x.to(dtype), **case).output
-        if output.dtype != dtype or not torch.isfinite(output).all():
-            raise CheckFailed(f"{dtype} run gave dtype {output.dtype} or non-finite values")
-        difference = _max_difference(output, expected) / max(expected.abs().max().item(), 1e-12)
-        if difference > tolerance:
-            raise CheckFailed(
-                f"{dtype} output differs from float32 by {difference:.3g} of its scale "
-                f"({_describe(case)}); allowed {tolerance}"
-            )
+    for n in (subject.seq_len, subject.lengths[-1]):
+        x = subject.tokens(n)
+        for case in subject.mask_cases(n):
+            with torch.no_grad():
+                expected = subject.build()(x, **case).output.double()
+                output = subject.build(dtype=dtype)(x.to(dtype), **case).output
+            if output.dtype != dtype or not torch.isfinite(output).all():
+                raise CheckFailed(
+                    f"{dtype} run gave dtype {output.dtype} or non-finite values at n={n}"
+                )
+            scale = max(expected.abs().max().item(), 1e-12)
+            difference = max_difference(output, expected) / scale
+            if difference > agreement:
+                raise CheckFailed(
+                    f"{dtype} output differs from float32 by {difference:.3g} of its scale "
+                    f"(n={n}, {describe(case)}); allowed {agreement}"
+                )
+    for n, mode, case in subject.corners():
+        if n == LONG_LENGTH or (mode == "train" and n != subject.seq_len):
+            continue  # fp32 covers training at every length and the long one
+        module, x = subject.build(dtype=dtype, mode=mode), subject.tokens(n, dtype=dtype)
+        try:
+            assert_batch_independent(module, x, case, mode)
+            if "attention_mask" in case:
+                assert_padding_invariant(module, x, case, mode)
+            if case.get("is_causal"):
+                assert_causal(module, {"query": x}, case, mode, gradients=False)
+        except CheckFailed as failed:
+            raise CheckFailed(f"in {dtype}: {failed}") from None
 
 
 def check_float64(subject: Subject) -> None:
-    """Declared float64 works and agrees with float32 to 1e-4 of the output scale."""
+    """Declared float64 works, agrees with float32 to 1e-4 of the output scale, and
+    keeps the mask, batch and causality promises."""
     _check_dtype(subject, torch.float64, 1e-4)
 
 
 def check_bfloat16(subject: Subject) -> None:
-    """Declared bfloat16 works and agrees with float32 to 5e-2 of the output scale."""
+    """Declared bfloat16 works, agrees with float32 to 5e-2 of the output scale, and
+    keeps the mask, batch and causality promises."""
     _check_dtype(subject, torch.bfloat16, 5e-2)
+
+
+def check_float16(subject: Subject) -> None:
+    """Declared float16 works, agrees with float32 to 1e-2 of the output scale, and
+    keeps the mask, batch and causality promises."""
+    _check_dtype(subject, torch.float16, 1e-2)
 
 
 def check_large_magnitude_inputs(subject: Subject) -> None:
     """Inputs scaled by 1e3 give finite outputs (and weights) under every mask."""
-    module, x = subject.build(), 1e3 * subject.tokens()
-    for case in subject.mask_cases():
-        result = module(x, need_weights=subject.caps.need_weights, **case)
-        for label, tensor in (("output", result.output), ("weights", result.weights)):
-            if tensor is not None and not torch.isfinite(tensor).all():
-                raise CheckFailed(f"{label} has NaN/inf for inputs ×1e3 ({_describe(case)})")
+    for n in (subject.seq_len, subject.lengths[-1]):
+        module, x = subject.build(), 1e3 * subject.tokens(n)
+        for case in subject.mask_cases(n):
+            with torch.no_grad():
+                result = module(x, need_weights=subject.caps.need_weights, **case)
+            for label, tensor in (("output", result.output), ("weights", result.weights)):
+                if tensor is not None and not torch.isfinite(tensor).all():
+                    raise CheckFailed(
+                        f"{label} has NaN/inf for inputs ×1e3 (n={n}, {describe(case)})"
+                    )
 
 
+# --- refusals ----------------------------------------------------------------------
 def check_undeclared_features_raise(subject: Subject) -> None:
     """Each feature the variant does not declare raises UnsupportedFeature."""
     module, x = subject.build(), subject.tokens()
@@ -366,12 +432,19 @@ def check_undeclared_features_raise(subject: Subject) -> None:
 
 
 def check_rejects_malformed_inputs(subject: Subject) -> None:
-    """Wrong rank, wrong width and a non-bool mask raise InvalidInput."""
+    """Wrong rank, wrong width, a non-bool mask or flag, and an input in another dtype
+    than the module's raise InvalidInput."""
     module, x = subject.build(), subject.tokens()
+    other_dtype = torch.float64 if x.dtype != torch.float64 else torch.float32
     bad_calls: list[tuple[str, Callable[[], object]]] = [
         ("a 2-D query", lambda: module(x[0])),
         ("a query of the wrong width", lambda: module(x[..., :-1])),
+        ("need_weights='yes'", lambda: module(x, need_weights="yes")),
     ]
+    if any(p.is_floating_point() for p in module.parameters()):
+        bad_calls.append((f"a {other_dtype} input", lambda: module(x.to(other_dtype))))
+    if subject.caps.causal:
+        bad_calls.append(("is_causal='False'", lambda: module(x, is_causal="False")))
     if subject.caps.padding_mask:
         bad_calls.append(
             ("a float mask", lambda: module(x, attention_mask=subject.padding_mask().float()))
@@ -381,6 +454,10 @@ def check_rejects_malformed_inputs(subject: Subject) -> None:
             call()
         except InvalidInput:
             continue
+        except UnsupportedFeature:
+            if label.startswith("a torch"):  # an undeclared dtype is refused first: fine
+                continue
+            raise
         raise CheckFailed(f"{label} was accepted; it must raise InvalidInput")
 
 
@@ -390,6 +467,7 @@ def _option_names(subject: Subject) -> set[str]:
 
 CHECKS: tuple[Callable[[Subject], None], ...] = (
     check_output_shape_and_dtype,
+    check_empty_inputs,
     check_key_value_default_to_query,
     check_cross_attention,
     check_batch_independence,
@@ -403,11 +481,15 @@ CHECKS: tuple[Callable[[Subject], None], ...] = (
     check_fast_matches_reference,
     check_float64,
     check_bfloat16,
+    check_float16,
     check_large_magnitude_inputs,
     check_undeclared_features_raise,
     check_rejects_malformed_inputs,
+    check_property_search,
 )
 """Every check, in the order they run."""
 
 IMPL_INDEPENDENT = {check_fast_matches_reference}
 """Checks that compare the two paths themselves, so they run once per variant."""
+
+__all__ = ["CHECKS", "IMPL_INDEPENDENT", "CheckFailed", "CheckSkipped", "Subject"]
