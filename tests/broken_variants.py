@@ -302,3 +302,16 @@ class IgnoresPaddingUnderCausal(Vanilla):
         return super().forward_reference(query, key, value, mask, is_causal, need_weights)
 
     forward_fast = None
+
+
+class LeaksAtLengthsDivisibleByThree(Vanilla):
+    """Leaks the future only when the length is a multiple of 3: no length the named
+    checks use for vanilla (1, 2, 16, 130), so only the property search can find it."""
+
+    name = "broken_leaks_at_lengths_divisible_by_3"
+
+    def forward_reference(self, query, key, value, attention_mask, is_causal, need_weights):
+        causal = is_causal and key.shape[1] % 3 != 0
+        return super().forward_reference(query, key, value, attention_mask, causal, need_weights)
+
+    forward_fast = None

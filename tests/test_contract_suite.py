@@ -91,3 +91,31 @@ def test_skips_only_by_declared_capability():
     assert report.status_of("check_causality") == "skipped"
     assert report.status_of("check_undeclared_features_raise") == "passed"
     assert report.ok, report.failures
+
+
+def test_the_property_search_finds_what_the_named_checks_miss():
+    from playground.testing import property_search
+    from playground.testing.checks import check_causality
+
+    broken = broken_variants.LeaksAtLengthsDivisibleByThree
+    assert check_attention(broken, checks=[check_causality]).ok  # its lengths miss it
+    with pytest.raises(
+        AssertionError, match=r"leaks the future .*property search.*n_q=(3|6|9|12|15|18)\b"
+    ):
+        property_search(broken, max_examples=100)
+    from playground.testing.properties import check_property_search
+
+    report = check_attention(broken, checks=[check_property_search])
+    assert report.status_of("check_property_search") == "failed"
+
+
+def test_the_property_search_is_derandomized():
+    from playground.testing import property_search
+
+    broken = broken_variants.LeaksAtLengthsDivisibleByThree
+    messages = set()
+    for _ in range(2):
+        with pytest.raises(AssertionError) as caught:
+            property_search(broken, max_examples=30)
+        messages.add(str(caught.value))
+    assert len(messages) == 1, messages

@@ -126,8 +126,9 @@ class CheckCase:
 
 
 def resolve_variant(
-    variant: str | type[AttentionVariant], registry: Registry | None
+    variant: str | type[AttentionVariant], registry: Registry | None = None
 ) -> type[AttentionVariant]:
+    """The variant class of a registered name (or the class itself); ConfigError else."""
     if isinstance(variant, str):
         return (registry or default_registry()).get(variant)
     if isinstance(variant, type) and issubclass(variant, AttentionVariant):

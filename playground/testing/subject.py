@@ -17,6 +17,10 @@ is tested at, unless its declared max_seq_len is shorter."""
 
 BASE_LENGTHS = (1, 2, 16)
 
+MAX_LENGTH = 2 * LONG_LENGTH
+"""Special sizes past this are not tested (causality costs O(n²) calls' worth of work):
+a variant's `check_options` make its special sizes small, as the shipped ones do."""
+
 Mode = Literal["eval", "train"]
 MODES: tuple[Mode, ...] = ("eval", "train")
 
@@ -27,8 +31,9 @@ class Subject:
 
     `seq_len` is the length of the checks that need one ordinary length; `lengths` are
     those the corner checks run at: 1, 2, 16, one past every size the instance's options
-    make special (`AttentionVariant.special_sizes`; the size itself too when it is at
-    most 16), and LONG_LENGTH, all capped at the declared max_seq_len (which is included).
+    make special (`AttentionVariant.special_sizes`, below MAX_LENGTH; the size itself too
+    when it is at most 16), and LONG_LENGTH, all capped at the declared max_seq_len (which
+    is included).
     """
 
     cls: type[AttentionVariant]
@@ -45,7 +50,7 @@ class Subject:
         probe = self.build()
         self.caps: Capabilities = probe.capabilities
         limit = self.caps.max_seq_len
-        sizes = {int(s) for s in probe.special_sizes() if isinstance(s, int) and s > 0}
+        sizes = {int(s) for s in probe.special_sizes() if isinstance(s, int) and 0 < s < MAX_LENGTH}
         # Just past every special size; the size itself too where that is cheap.
         candidates = {*BASE_LENGTHS, LONG_LENGTH, *(s + 1 for s in sizes)}
         candidates |= {s for s in sizes if s <= max(BASE_LENGTHS)}
