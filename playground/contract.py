@@ -69,7 +69,7 @@ class Capabilities:
 
 
 class AttentionVariant(nn.Module):
-    """Base class of every attention variant. See DESIGN.md, "The attention contract"."""
+    """Base class of every attention variant. See docs/design.md, "The contract"."""
 
     name: ClassVar[str]
     """Registry name, e.g. "vanilla"."""

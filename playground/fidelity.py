@@ -60,8 +60,8 @@ def copy_reference_weights(reference: AttentionVariant, variant: AttentionVarian
     missing = [p for p in PROJECTIONS if f"{p}.weight" not in target]
     if missing:
         raise ValueError(
-            f"variant {variant.name!r} has no {', '.join(missing)} (nn.Linear named as in "
-            f"DESIGN.md), so its weights cannot be shared with exact attention"
+            f"variant {variant.name!r} has no {', '.join(missing)} (nn.Linear named as in the "
+            f"contract, docs/design.md), so its weights cannot be shared with exact attention"
         )
     update = {}
     for key, value in target.items():

@@ -1,7 +1,7 @@
 """Masks shared by the variants: which keys each query may see, and a softmax that
 gives exactly zero weight to the others (and an all-zero row when none is left).
 
-Convention (DESIGN.md): `attention_mask` is (B, Nk) bool, True = real token.
+Convention (docs/design.md, "The contract"): `attention_mask` is (B, Nk) bool, True = real token.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def masked_softmax(scores: torch.Tensor, allowed: torch.Tensor | None) -> torch.
 def empty_query_rows(allowed: torch.Tensor | None) -> torch.Tensor | None:
     """(B or 1, Nq, 1) bool: True for queries that may see no key at all.
 
-    Their output must be exactly zero (DESIGN.md), after the output projection too.
+    Their output must be exactly zero (the contract), after the output projection too.
     """
     if allowed is None:
         return None

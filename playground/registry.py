@@ -1,6 +1,6 @@
 """Plugin discovery and the variant and task registry (pluggy).
 
-Sources, in order (DESIGN.md): the tasks shipped in playground/tasks/; every `*.py` in the
+Sources, in order (docs/design.md): the tasks shipped in playground/tasks/; every `*.py` in the
 bundled `plugins/`; entry points of
 group `playground`; every `*.py` in the directories of `PLAYGROUND_PLUGINS_PATH`
 (os.pathsep-separated) and of `--plugins-dir`. A plugin that fails is recorded with its
