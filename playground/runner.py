@@ -150,9 +150,9 @@ class Workload:
                 self.latest = self.module(self.tokens)
         else:
             result = self.module(self.tokens)
-            if not isinstance(result, AttentionOutput):
+            if not isinstance(result, AttentionOutput) or not torch.is_tensor(result.output):
                 self.latest = result
-                self.check()
+                self.check()  # raises: there is nothing to run the backward from
             result.output.sum().backward()
             self.module.zero_grad(set_to_none=True)  # held gradients would skew memory
             self.tokens.grad = None
