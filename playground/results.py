@@ -51,7 +51,7 @@ AFTER_SET_ASIDE = {
 }
 
 STATUSES = ("ok", "unsupported", "oom", "error", "invalid")
-"""A row's status; only `ok` rows are measurements (see DESIGN.md, Results)."""
+"""A row's status; only `ok` rows are measurements."""
 
 
 class DamagedRun(PlaygroundError, ValueError):
