@@ -1,0 +1,48 @@
+"""The benchmark suite's environment settings: the thread count it times with, and the
+deliberate slow-down that proves the time gate."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.benchmarks.conftest import THREADS_ENV, bench_threads
+from tests.benchmarks.slowdown import SLOWDOWN_ENV, injected_slowdowns, slowed_down
+
+
+def test_threads_default_to_torchs_own_count(monkeypatch):
+    monkeypatch.delenv(THREADS_ENV, raising=False)
+    assert bench_threads() == torch.get_num_threads()
+    monkeypatch.setenv(THREADS_ENV, "3")
+    assert bench_threads() == 3
+
+
+@pytest.mark.parametrize("text", ["0", "two", "-1", "1.5"])
+def test_a_bad_thread_count_says_what_it_takes(monkeypatch, text):
+    monkeypatch.setenv(THREADS_ENV, text)
+    with pytest.raises(pytest.UsageError, match="takes a positive integer"):
+        bench_threads()
+
+
+def test_slowdowns_are_read_per_benchmark_or_per_variant(monkeypatch):
+    monkeypatch.setenv(SLOWDOWN_ENV, "longformer=1.5, vanilla-n512-forward=2")
+    assert injected_slowdowns() == {"longformer": 1.5, "vanilla-n512-forward": 2.0}
+    monkeypatch.delenv(SLOWDOWN_ENV)
+    assert injected_slowdowns() == {}
+
+
+@pytest.mark.parametrize("text", ["longformer", "longformer=1", "longformer=fast"])
+def test_a_slowdown_needs_a_factor_above_one(monkeypatch, text):
+    monkeypatch.setenv(SLOWDOWN_ENV, text)
+    with pytest.raises(pytest.UsageError, match="BENCHMARK_ID=FACTOR"):
+        injected_slowdowns()
+
+
+def test_the_slowed_workload_still_does_its_own_work_once_per_call():
+    calls = []
+    slower, factor = slowed_down(lambda: calls.append(torch.ones(64, 64).sum()), 1.5)
+    calls.clear()
+    slower()
+    slower()
+    assert len(calls) == 2
+    assert factor > 1
