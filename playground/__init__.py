@@ -7,6 +7,8 @@ Public API (everything else is private and may change):
     get_variant(name) -> type[AttentionVariant]
     hookimpl                      decorator for plugin hooks
     AttentionVariant, AttentionOutput, Capabilities, VariantConfig
+    SoftmaxAttention, SoftmaxConfig   softmax attention changed by score_mod / mask_mod
+    require_positive, require_range   option validators for a config's __post_init__
     errors: PlaygroundError, UnsupportedFeature, UnknownVariant, ConfigError,
             InvalidInput, PluginLoadError, DuplicateVariant
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from playground.config import VariantConfig
+from playground.config import VariantConfig, require_positive, require_range
 from playground.contract import AttentionOutput, AttentionVariant, Capabilities
 from playground.errors import (
     ConfigError,
@@ -28,6 +30,7 @@ from playground.errors import (
 )
 from playground.hookspecs import hookimpl
 from playground.registry import default_registry
+from playground.softmax_attention import SoftmaxAttention, SoftmaxConfig
 
 __version__ = "0.1.0"
 
@@ -56,6 +59,8 @@ __all__ = [
     "InvalidInput",
     "PlaygroundError",
     "PluginLoadError",
+    "SoftmaxAttention",
+    "SoftmaxConfig",
     "UnknownVariant",
     "UnsupportedFeature",
     "VariantConfig",
@@ -64,4 +69,6 @@ __all__ = [
     "get_variant",
     "hookimpl",
     "list_variants",
+    "require_positive",
+    "require_range",
 ]

@@ -30,6 +30,26 @@ class VariantConfig:
     `fast`: the optimised path, gated against the reference by the contract suite."""
 
 
+def require_positive(config: Any, *names: str) -> None:
+    """In a config's `__post_init__`: each named option is an integer >= 1 (ValueError
+    naming it otherwise; the builder turns that into a ConfigError naming the variant)."""
+    for name in names:
+        value = getattr(config, name)
+        if value < 1:
+            raise ValueError(f"{name} must be a positive integer; got {value}")
+
+
+def require_range(
+    config: Any, name: str, low: float, high: float, *, high_inclusive: bool = False
+) -> None:
+    """In a config's `__post_init__`: low <= option < high (or <= high)."""
+    value = getattr(config, name)
+    inside = low <= value <= high if high_inclusive else low <= value < high
+    if not inside:
+        closing = "]" if high_inclusive else ")"
+        raise ValueError(f"{name} must be in [{low}, {high}{closing}; got {value}")
+
+
 @dataclass(frozen=True)
 class OptionInfo:
     """One option of a variant, as `playground info` shows it."""

@@ -1,0 +1,67 @@
+"""Shared plumbing of multi-head attention: projections, splitting and merging heads,
+the output projection with queries that see nothing set to zero, and the FLOPs of both.
+
+Every variant that has the contract's standard projections (`q_proj`, `k_proj`, `v_proj`,
+`out_proj`, each an `nn.Linear(d_model, d_model)`) uses these instead of its own copy, so
+a plugin file holds only its paper's math.
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+from torch import nn
+
+
+def add_projections(module: nn.Module, d_model: int, bias: bool = True) -> None:
+    """Give `module` the contract's q_proj, k_proj, v_proj and out_proj (W^Q, W^K, W^V,
+    W^O for all heads at once, Vaswani et al. 2017 §3.2.2)."""
+    for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+        setattr(module, name, nn.Linear(d_model, d_model, bias=bias))
+
+
+def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """(B, N, H·d) -> (B, H, N, d)."""
+    return rearrange(x, "b n (h d) -> b h n d", h=num_heads)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, N, d) -> (B, N, H·d)."""
+    return rearrange(x, "b h n d -> b n (h d)")
+
+
+def project_heads(
+    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q (B, H, Nq, d), k (B, H, Nk, d), v (B, H, Nk, d) through the module's projections."""
+    h = module.num_heads
+    return (
+        split_heads(module.q_proj(query), h),
+        split_heads(module.k_proj(key), h),
+        split_heads(module.v_proj(value), h),
+    )
+
+
+def project_output(
+    module: nn.Module, context: torch.Tensor, empty: torch.Tensor | None
+) -> torch.Tensor:
+    """context (B, H, Nq, d) -> output (B, Nq, d_model) through out_proj.
+
+    `empty` (B or 1, Nq, 1) bool marks queries that see no key: they output exactly zero,
+    not out_proj's bias. Their context is zeroed before the projection too, so whatever a
+    kernel left there (NaN) stays out of the weight gradients.
+    """
+    if empty is None:
+        return module.out_proj(merge_heads(context))
+    context = context.masked_fill(empty[:, None], 0.0)
+    return module.out_proj(merge_heads(context)).masked_fill(empty, 0.0)
+
+
+def projection_flops(n_q: int, n_k: int, d_model: int) -> float:
+    """FLOPs of the q, k, v and out projections (a multiply-add counts 2)."""
+    return float(2 * (n_q + 2 * n_k + n_q) * d_model * d_model)
+
+
+def attention_flops(pairs: float, d_model: int) -> float:
+    """FLOPs of Q Kᵀ and P V over `pairs` (query, key) pairs, all heads together."""
+    return float(2 * 2 * pairs * d_model)

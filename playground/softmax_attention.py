@@ -1,0 +1,307 @@
+"""`SoftmaxAttention`: softmax attention whose scores or mask a variant changes, written
+as FlexAttention's `score_mod` and `mask_mod` (torch.nn.attention.flex_attention):
+
+    score_mod(score, b, h, q_idx, kv_idx) -> score     the scaled score q·k/√d, changed
+    mask_mod(b, h, q_idx, kv_idx) -> bool               True where query q_idx may see kv_idx
+
+A variant subclasses it, sets name/summary/paper, and overrides one or both methods; the
+same methods can be handed to `flex_attention`. The base owns the projections, heads, the
+call's padding mask and `is_causal` (AND-ed with `mask_mod`), queries that see nothing
+(zero output), FLOPs, and three paths:
+
+- reference: dense (B, H, Nq, Nk) scores; the mods are evaluated on broadcast index
+  tensors (b (B,1,1,1), h (1,H,1,1), q_idx (1,1,Nq,1), kv_idx (1,1,1,Nk)), so a mod written
+  with torch operations (`score - slope[h] * (q_idx - kv_idx).abs()`) works unchanged; then
+  a masked softmax. The oracle.
+- CPU fast path, blocked over queries: `mask_mod` (with causality) is evaluated once per
+  shape into a map of the key span each block of queries can see, and keys outside it are
+  never touched, so a window of w costs O(n·(w + block)) time and memory. Within a span,
+  an additive `score_mod` (`additive_score_mod = True`: score + f(b, h, q, kv)) is turned
+  into a bias for fused SDPA; any other is applied to explicit block scores. In training
+  each block is recomputed in backward (activation checkpointing), so memory stays
+  O(n · block) and parameters used in `score_mod` get their gradients. FlexAttention has
+  no CPU backward, which is why this path exists.
+- CUDA: `flex_attention` with `create_block_mask`, compiled, with the same methods.
+
+`need_weights=True` runs the reference (the weights are dense anyway).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from playground.config import VariantConfig
+from playground.contract import AttentionOutput, AttentionVariant, Capabilities
+from playground.heads import (
+    add_projections,
+    attention_flops,
+    project_heads,
+    project_output,
+    projection_flops,
+)
+from playground.masks import empty_query_rows, masked_softmax
+
+
+@dataclass(frozen=True)
+class SoftmaxConfig(VariantConfig):
+    bias: bool = True
+    """Add a bias to the q/k/v/out projections."""
+    block_size: int = 256
+    """Queries per block of the CPU fast path: bounds its working memory to
+    (B, H, block_size, span). Results do not depend on it."""
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be a positive integer; got {self.block_size}")
+
+
+def index_grid(
+    batch: int, heads: int, queries: torch.Tensor, keys: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """b (B,1,1,1), h (1,H,1,1), q_idx (1,1,Nq,1), kv_idx (1,1,1,Nk): the broadcast
+    index tensors the mods are evaluated on."""
+    device = queries.device
+    return (
+        torch.arange(batch, device=device).view(-1, 1, 1, 1),
+        torch.arange(heads, device=device).view(1, -1, 1, 1),
+        queries.view(1, 1, -1, 1),
+        keys.view(1, 1, 1, -1),
+    )
+
+
+class SoftmaxAttention(AttentionVariant):
+    """Softmax attention with FlexAttention-style `score_mod` / `mask_mod` (module
+    docstring). Subclass it, set `name`, `summary`, `paper`, and override a mod."""
+
+    Config = SoftmaxConfig
+    capabilities = Capabilities(
+        causal=True,
+        padding_mask=True,
+        cross_attention=True,
+        need_weights=True,
+        dtypes=(torch.float32, torch.float64, torch.bfloat16),
+    )
+    check_options: ClassVar[dict[str, Any]] = {"block_size": 32}  # partial and several blocks
+    additive_score_mod: ClassVar[bool] = False
+    """True when `score_mod(score, …)` is `score + f(b, h, q_idx, kv_idx)`: the CPU fast
+    path then hands f to fused SDPA as a bias instead of forming the scores itself. The
+    contract suite's fast-versus-reference check catches a wrong declaration."""
+
+    @staticmethod
+    def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: object) -> float:
+        return projection_flops(n_q, n_k, d_model) + attention_flops(n_q * n_k, d_model)
+
+    def __init__(self, d_model: int = 512, num_heads: int = 8, **options: object) -> None:
+        super().__init__(d_model, num_heads, **options)
+        add_projections(self, d_model, bias=self.config.bias)
+        self.scale = 1 / math.sqrt(self.head_dim)
+        # (B, H, Nq, Nk, causal, device) -> [(start, stop, key_start, key_stop)] per block
+        self._spans: dict[tuple, list[tuple[int, int, int, int]]] = {}
+
+    # --- what a variant overrides ----------------------------------------------------
+    def score_mod(
+        self,
+        score: torch.Tensor,
+        b: torch.Tensor,
+        h: torch.Tensor,
+        q_idx: torch.Tensor,
+        kv_idx: torch.Tensor,
+    ) -> torch.Tensor:
+        """The scaled score q·k/√d of query q_idx and key kv_idx in head h of batch
+        element b, changed; the default leaves it as it is."""
+        return score
+
+    def mask_mod(
+        self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor
+    ) -> torch.Tensor:
+        """True where query q_idx may attend to key kv_idx; the default allows all."""
+        return torch.ones_like(q_idx >= kv_idx)
+
+    @property
+    def _has_score_mod(self) -> bool:
+        return type(self).score_mod is not SoftmaxAttention.score_mod
+
+    @property
+    def _has_mask_mod(self) -> bool:
+        return type(self).mask_mod is not SoftmaxAttention.mask_mod
+
+    # --- reference ---------------------------------------------------------------------
+    def _allowed(self, b, h, q_idx, kv_idx, keep, is_causal) -> torch.Tensor | None:
+        """mask_mod ∧ causality ∧ padding, broadcast over (B, H, Nq, Nk); None = all."""
+        allowed = self.mask_mod(b, h, q_idx, kv_idx) if self._has_mask_mod else None
+        if is_causal:
+            causal = q_idx >= kv_idx
+            allowed = causal if allowed is None else allowed & causal
+        if keep is not None:
+            padding = keep[:, None, None, :]  # (B, 1, 1, Nk)
+            allowed = padding if allowed is None else allowed & padding
+        return allowed
+
+    def forward_reference(
+        self, query, key, value, attention_mask, is_causal, need_weights
+    ) -> AttentionOutput:
+        q, k, v = project_heads(self, query, key, value)  # (B, H, N, d)
+        batch, heads, n_q, n_k = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+        b, h, q_idx, kv_idx = index_grid(
+            batch, heads, torch.arange(n_q, device=q.device), torch.arange(n_k, device=q.device)
+        )
+        scores = self.score_mod(q @ k.transpose(-2, -1) * self.scale, b, h, q_idx, kv_idx)
+        allowed = self._allowed(b, h, q_idx, kv_idx, attention_mask, is_causal)
+        if allowed is not None:
+            allowed = allowed.expand(batch, -1, n_q, n_k)  # (B, H or 1, Nq, Nk)
+        weights = masked_softmax(scores, allowed)  # (B, H, Nq, Nk)
+        output = project_output(self, weights @ v, empty_query_rows(allowed))
+        return AttentionOutput(
+            output, weights.expand(batch, heads, n_q, n_k) if need_weights else None
+        )
+
+    # --- fast paths --------------------------------------------------------------------
+    def forward_fast(
+        self, query, key, value, attention_mask, is_causal, need_weights
+    ) -> AttentionOutput:
+        if need_weights:
+            return self.forward_reference(query, key, value, attention_mask, is_causal, True)
+        if query.is_cuda:
+            return self._forward_flex(query, key, value, attention_mask, is_causal)
+        return self._forward_blocked(query, key, value, attention_mask, is_causal)
+
+    def _key_spans(
+        self, batch: int, heads: int, n_q: int, n_k: int, is_causal: bool, device
+    ) -> list[tuple[int, int, int, int]]:
+        """Per block of queries: (start, stop, key_start, key_stop), the keys from the
+        first to the last any of its queries may see under mask_mod and causality.
+        Cached per shape; the padding mask is not part of it (it changes per call)."""
+        cache_key = (batch, heads, n_q, n_k, is_causal, device)
+        spans = self._spans.get(cache_key)
+        if spans is not None:
+            return spans
+        spans, block = [], self.config.block_size
+        keys = torch.arange(n_k, device=device)
+        for start in range(0, n_q, block):
+            stop = min(start + block, n_q)
+            if not (self._has_mask_mod or is_causal):
+                spans.append((start, stop, 0, n_k))
+                continue
+            b, h, q_idx, kv_idx = index_grid(
+                batch, heads, torch.arange(start, stop, device=device), keys
+            )
+            allowed = self._allowed(b, h, q_idx, kv_idx, None, is_causal)
+            seen = allowed.reshape(-1, n_k).any(dim=0).nonzero()  # keys anyone here sees
+            if len(seen):
+                spans.append((start, stop, int(seen[0]), int(seen[-1]) + 1))
+            else:
+                spans.append((start, stop, 0, 0))
+        if len(self._spans) >= 8:  # a few shapes in flight; forget the oldest
+            self._spans.pop(next(iter(self._spans)))
+        self._spans[cache_key] = spans
+        return spans
+
+    def _attend_span(
+        self,
+        start: int,
+        key_start: int,
+        is_causal: bool,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        keep: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One block: q (B, H, blk, d) over the span's k, v (B, H, span, d) -> context
+        (B, H, blk, d) and empty (B, blk) bool, the queries that see no key at all."""
+        batch, heads, block, span = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+        b, h, q_idx, kv_idx = index_grid(
+            batch,
+            heads,
+            torch.arange(start, start + block, device=q.device),
+            torch.arange(key_start, key_start + span, device=q.device),
+        )
+        allowed = self._allowed(b, h, q_idx, kv_idx, keep, is_causal)
+        if allowed is None:
+            allowed = torch.ones(1, 1, block, span, dtype=torch.bool, device=q.device)
+        allowed = allowed.expand(batch, -1, block, span)  # (B, H or 1, blk, span)
+        sees = allowed.any(dim=-1)  # (B, H or 1, blk)
+        if self._has_score_mod and not self.additive_score_mod:
+            scores = self.score_mod(q @ k.transpose(-2, -1) * self.scale, b, h, q_idx, kv_idx)
+            context = masked_softmax(scores, allowed) @ v
+        else:
+            # A query that sees nothing would make SDPA's softmax NaN: let it see its
+            # first key (finite), and zero it afterwards.
+            safe = allowed.clone()
+            safe[..., 0] |= ~sees
+            bias = torch.zeros((), dtype=q.dtype, device=q.device)
+            if self._has_score_mod:
+                bias = self.score_mod(bias, b, h, q_idx, kv_idx).to(q.dtype)  # f(b, h, q, kv)
+            mask = bias.masked_fill(~safe, -math.inf) if bias.dim() else safe
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+            context = context.masked_fill(~sees[..., None], 0.0)
+        return context, ~sees.any(dim=1)  # (B, H, blk, d), (B, blk)
+
+    def _forward_blocked(self, query, key, value, attention_mask, is_causal) -> AttentionOutput:
+        q, k, v = project_heads(self, query, key, value)  # (B, H, N, d)
+        batch, heads, n_q, n_k = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+        spans = self._key_spans(batch, heads, n_q, n_k, is_causal, q.device)
+        # Training: recompute each block in backward, so only one block's scores live.
+        recompute = torch.is_grad_enabled() and len(spans) > 1
+        contexts, empties = [], []
+        for start, stop, key_start, key_stop in spans:
+            if key_stop <= key_start:  # this block sees no key at all
+                contexts.append(q.new_zeros(batch, heads, stop - start, q.shape[-1]))
+                empties.append(torch.ones(batch, stop - start, dtype=torch.bool, device=q.device))
+                continue
+            attend = functools.partial(self._attend_span, start, key_start, is_causal)
+            arguments = (
+                q[:, :, start:stop],
+                k[:, :, key_start:key_stop],
+                v[:, :, key_start:key_stop],
+                None if attention_mask is None else attention_mask[:, key_start:key_stop],
+            )
+            if recompute:
+                context, empty = checkpoint(attend, *arguments, use_reentrant=False)
+            else:
+                context, empty = attend(*arguments)
+            contexts.append(context)
+            empties.append(empty)
+        context = torch.cat(contexts, dim=2)  # (B, H, Nq, d)
+        empty = torch.cat(empties, dim=1)[..., None]  # (B, Nq, 1)
+        return AttentionOutput(project_output(self, context, empty if empty.any() else None), None)
+
+    def _forward_flex(self, query, key, value, attention_mask, is_causal) -> AttentionOutput:
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        q, k, v = project_heads(self, query, key, value)  # (B, H, N, d)
+        batch, heads, n_q, n_k = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            allowed = self.mask_mod(b, h, q_idx, kv_idx) if self._has_mask_mod else q_idx >= 0
+            if is_causal:
+                allowed = allowed & (q_idx >= kv_idx)
+            if attention_mask is not None:
+                allowed = allowed & attention_mask[b, kv_idx]
+            return allowed
+
+        block_mask = create_block_mask(mask_mod, batch, heads, n_q, n_k, device=q.device)
+        context, log_sum_exp = _compiled_flex_attention()(
+            q,
+            k,
+            v,
+            score_mod=self.score_mod if self._has_score_mod else None,
+            block_mask=block_mask,
+            scale=self.scale,
+            return_lse=True,
+        )  # (B, H, Nq, d), (B, H, Nq); a query that sees nothing gets 0 and lse −inf
+        empty = torch.isneginf(log_sum_exp).all(dim=1)[..., None]  # (B, Nq, 1)
+        return AttentionOutput(project_output(self, context, empty), None)
+
+
+@functools.cache
+def _compiled_flex_attention():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
