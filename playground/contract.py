@@ -85,6 +85,9 @@ class AttentionVariant(nn.Module):
     encodes_positions: ClassVar[bool] = False
     """True when the variant injects position information itself (a relative bias), so a
     model built from it leaves out absolute positional encodings."""
+    colour: ClassVar[str | None] = None
+    """The variant's colour in every figure (a matplotlib colour such as "#1f77b4");
+    None: one derived stably from its name."""
     check_options: ClassVar[dict[str, Any]] = {}
     """Options the contract suite builds the variant with, so that its small inputs
     exercise what is special about it (a window shorter than the sequence, say)."""

@@ -37,6 +37,7 @@ class AlibiAttention(playground.SoftmaxAttention):
     name, summary = "alibi", "Softmax attention with a per-head linear distance penalty."
     paper = "Press et al. 2022, Train Short, Test Long (ALiBi), §3"
     Config = AlibiConfig
+    colour = "#ff7f0e"  # orange, in every figure
     encodes_positions = True  # the bias replaces position embeddings (§3)
     additive_score_mod = True
 

@@ -106,6 +106,7 @@ class LinformerAttention(AttentionVariant):
     summary = "Low-rank attention: keys and values projected along the sequence to k slots."
     paper = "Wang et al. 2020, Linformer: Self-Attention with Linear Complexity, §4"
     Config = LinformerConfig
+    colour = "#d62728"  # red, in every figure
     capabilities = Capabilities(
         causal=False,  # projected slots mix every position (module docstring)
         padding_mask=True,

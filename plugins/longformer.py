@@ -92,6 +92,7 @@ class LongformerAttention(AttentionVariant):
     summary = "Sliding-window attention plus global tokens; banded O(n·w) fast path."
     paper = "Beltagy et al. 2020, Longformer: The Long-Document Transformer, §3"
     Config = LongformerConfig
+    colour = "#2ca02c"  # green, in every figure
     capabilities = Capabilities(
         causal=True,
         padding_mask=True,

@@ -31,6 +31,7 @@ class SlidingWindowAttention(playground.SoftmaxAttention):
     name, summary = "sliding_window", "Softmax attention over the W nearest keys."
     paper = "Jiang et al. 2023, Mistral 7B, §2 (sliding window attention)"
     Config = SlidingWindowConfig
+    colour = "#17becf"  # cyan, in every figure
     check_options = {**playground.SoftmaxAttention.check_options, "window": 4}
 
     @staticmethod

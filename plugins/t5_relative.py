@@ -128,6 +128,7 @@ class T5RelativeAttention(AttentionVariant):
     summary = "Softmax attention plus T5's learned, bucketed relative position bias per head."
     paper = "Raffel et al. 2020, Exploring the Limits of Transfer Learning (T5), §2.1"
     Config = T5RelativeConfig
+    colour = "#9467bd"  # purple, in every figure
     encodes_positions = True  # the bias replaces absolute positional encodings (§2.1)
     capabilities = Capabilities(
         causal=True,

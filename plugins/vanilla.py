@@ -46,6 +46,7 @@ class VanillaAttention(AttentionVariant):
     summary = "Exact softmax multi-head attention; fast path is fused SDPA."
     paper = "Vaswani et al. 2017, Attention Is All You Need, §3.2"
     Config = VanillaConfig
+    colour = "#1f77b4"  # blue, in every figure
     capabilities = Capabilities(
         causal=True,
         padding_mask=True,

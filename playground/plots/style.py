@@ -20,20 +20,17 @@ from matplotlib.ticker import LogFormatter
 from matplotlib.transforms import blended_transform_factory
 
 from playground.plots.data import Run, Series
+from playground.registry import default_registry
 from playground.summary import PASS_TITLES
 
 __all__ = ["PASS_TITLES"]  # re-exported: the figures and the benchmark history use it
 
-KNOWN_COLOURS = {
-    "vanilla": "#1f77b4",  # blue
-    "longformer": "#2ca02c",  # green
-    "linformer": "#d62728",  # red
-    "t5_relative": "#9467bd",  # purple
-}
-"""The shipped variants' colours, fixed so that they never swap between figures or runs."""
-
-OTHER_COLOURS = (
+PALETTE = (
+    "#1f77b4",  # blue
     "#ff7f0e",  # orange
+    "#2ca02c",  # green
+    "#d62728",  # red
+    "#9467bd",  # purple
     "#8c564b",  # brown
     "#e377c2",  # pink
     "#17becf",  # cyan
@@ -42,7 +39,8 @@ OTHER_COLOURS = (
     "#393b79",  # indigo
     "#637939",  # moss
 )
-"""Any other variant: chosen by a hash of its name (crc32, the same in every process)."""
+"""Colours of variants that declare none: chosen by a hash of the name (crc32, the same
+in every process and run)."""
 
 POINT_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
@@ -58,11 +56,14 @@ PANEL_SIZE = (5.2, 3.9)
 
 
 def variant_colour(variant: str) -> str:
-    """A variant's colour, the same in every figure: fixed for the shipped variants, from
-    a hash of the name for any other."""
-    if variant in KNOWN_COLOURS:
-        return KNOWN_COLOURS[variant]
-    return OTHER_COLOURS[zlib.crc32(variant.encode()) % len(OTHER_COLOURS)]
+    """A variant's colour, the same in every figure and run: the one its class declares
+    (`AttentionVariant.colour`), else one from a hash of its name (also for a variant of
+    an old run that is no longer registered)."""
+    cls = default_registry().variants.get(variant)
+    declared = getattr(cls.cls, "colour", None) if cls is not None else None
+    if declared:
+        return declared
+    return PALETTE[zlib.crc32(variant.encode()) % len(PALETTE)]
 
 
 def shade(variant: str, index: int, count: int) -> tuple[float, float, float]:
