@@ -14,7 +14,6 @@ slope of 2H' heads, as in the paper's code and HF Bloom's `build_alibi_tensor`.
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 import playground
 
@@ -45,7 +44,7 @@ class AlibiAttention(playground.SoftmaxAttention):
         super().__init__(d_model, num_heads, **options)
         slopes = alibi_slopes(num_heads)  # (H,)
         if self.config.learnable_slopes:
-            self.slopes = nn.Parameter(slopes)
+            self.slopes = torch.nn.Parameter(slopes)
         else:
             self.register_buffer("slopes", slopes)
 
