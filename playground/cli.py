@@ -5,7 +5,7 @@
     playground run --resume RUN_DIR             [--threads N] on run and compare
     playground repair RUN_DIR                   set aside what a resume cannot read
     playground compare [--device ...]           the main job: experiments/quick.toml
-    playground new NAME [--from VARIANT] [--dir DIR]   scaffold plugins/NAME.py
+    playground new NAME [--from VARIANT | --kind mod] [--dir DIR]   scaffold plugins/NAME.py
     playground plot RUN_DIR [--out DIR] [--format png|svg|pdf] | --benchmarks
 
 Every command takes `--help`; `--plugins-dir` may also follow the command.
@@ -349,7 +349,11 @@ def command_repair(registry: Registry, arguments: argparse.Namespace) -> int:
 def command_new(registry: Registry, arguments: argparse.Namespace) -> int:
     from playground.scaffold import create_variant
 
-    scaffold = create_variant(arguments.name, registry, arguments.dir, arguments.copy_from)
+    if arguments.copy_from and arguments.kind != "reference":
+        raise PlaygroundError("--from copies a variant's file; it does not combine with --kind")
+    scaffold = create_variant(
+        arguments.name, registry, arguments.dir, arguments.copy_from, arguments.kind
+    )
     console.print(
         f"wrote {_short(str(scaffold.path))}: class {scaffold.class_name}, registered as "
         f"{scaffold.name!r}. Next:",
@@ -450,6 +454,13 @@ def build_parser() -> argparse.ArgumentParser:
         dest="copy_from",
         metavar="VARIANT",
         help="copy this registered variant's file, renamed (default: the readable template)",
+    )
+    new.add_argument(
+        "--kind",
+        choices=("reference", "mod"),
+        default="reference",
+        help="reference: exact attention spelled out (default); mod: a SoftmaxAttention with "
+        "a score_mod and a mask_mod",
     )
     new.add_argument("--dir", metavar="DIR", help="write DIR/NAME.py instead of plugins/")
     new.set_defaults(handler=command_new)

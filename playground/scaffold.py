@@ -2,7 +2,8 @@
 suite as written.
 
 The default template (`templates/variant.py.tmpl`) is exact softmax attention spelled out
-line by line, with shape comments and a docstring saying what to edit. `--from VARIANT`
+line by line, with shape comments and a docstring saying what to edit; `--kind mod`
+(`templates/mod_variant.py.tmpl`) is a `SoftmaxAttention` with a score_mod and a mask_mod. `--from VARIANT`
 copies a registered variant's file instead, with its class, config and name renamed.
 Either way the written file is loaded once before the command returns: a file that does
 not register exactly NAME is removed again, with the reason.
@@ -21,7 +22,12 @@ from pathlib import Path
 from playground.errors import PlaygroundError
 from playground.registry import Registry, bundled_dir
 
-TEMPLATE = Path(__file__).resolve().parent / "templates" / "variant.py.tmpl"
+TEMPLATES = {
+    "reference": Path(__file__).resolve().parent / "templates" / "variant.py.tmpl",
+    "mod": Path(__file__).resolve().parent / "templates" / "mod_variant.py.tmpl",
+}
+"""`--kind reference`: exact attention spelled out; `--kind mod`: a SoftmaxAttention
+subclass with a score_mod and a mask_mod, about twenty lines."""
 NAME_PATTERN = re.compile(r"[a-z][a-z0-9_]*")
 
 
@@ -80,11 +86,11 @@ def validate_name(name: str, registry: Registry) -> None:
         )
 
 
-def render_template(name: str) -> tuple[str, str]:
-    """(source, class name) of the readable reference variant, named `name`."""
+def render_template(name: str, kind: str = "reference") -> tuple[str, str]:
+    """(source, class name) of the template of `kind`, named `name`."""
     stem = class_stem(name)
     class_name = f"{stem}Attention"
-    text = string.Template(TEMPLATE.read_text(encoding="utf-8")).substitute(
+    text = string.Template(TEMPLATES[kind].read_text(encoding="utf-8")).substitute(
         name=name, class_name=class_name, config_name=f"{stem}Config"
     )
     return text, class_name
@@ -139,6 +145,7 @@ def create_variant(
     registry: Registry,
     directory: str | Path | None = None,
     copy_from: str | None = None,
+    kind: str = "reference",
 ) -> Scaffold:
     """Write `directory/name.py` (default: the checkout's plugins/) and return it."""
     validate_name(name, registry)
@@ -157,8 +164,10 @@ def create_variant(
     path = directory / f"{name}.py"
     if path.exists():
         raise PlaygroundError(f"{path} already exists; not overwriting it (choose another name)")
+    if kind not in TEMPLATES:
+        raise PlaygroundError(f"--kind must be one of {', '.join(TEMPLATES)}; got {kind!r}")
     if copy_from is None:
-        text, class_name = render_template(name)
+        text, class_name = render_template(name, kind)
     else:
         text, class_name = render_copy(name, copy_from, registry)
     try:

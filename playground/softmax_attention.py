@@ -153,6 +153,7 @@ class SoftmaxAttention(AttentionVariant):
             batch, heads, torch.arange(n_q, device=q.device), torch.arange(n_k, device=q.device)
         )
         scores = self.score_mod(q @ k.transpose(-2, -1) * self.scale, b, h, q_idx, kv_idx)
+        scores = scores.to(q.dtype)  # a mod's float32 constants must not promote bf16 scores
         allowed = self._allowed(b, h, q_idx, kv_idx, attention_mask, is_causal)
         if allowed is not None:
             allowed = allowed.expand(batch, -1, n_q, n_k)  # (B, H or 1, Nq, Nk)
@@ -229,7 +230,7 @@ class SoftmaxAttention(AttentionVariant):
         sees = allowed.any(dim=-1)  # (B, H or 1, blk)
         if self._has_score_mod and not self.additive_score_mod:
             scores = self.score_mod(q @ k.transpose(-2, -1) * self.scale, b, h, q_idx, kv_idx)
-            context = masked_softmax(scores, allowed) @ v
+            context = masked_softmax(scores.to(q.dtype), allowed) @ v
         else:
             # A query that sees nothing would make SDPA's softmax NaN: let it see its
             # first key (finite), and zero it afterwards.

@@ -45,6 +45,24 @@ def test_template_variant_passes_the_contract_suite(bundled_registry, tmp_path):
     assert registry.get("myattn").forward_fast is None  # reference only: the readable math
 
 
+def test_mod_template_is_short_and_passes_the_contract_suite(bundled_registry, tmp_path):
+    created = create_variant("mymod", bundled_registry, tmp_path, kind="mod")
+    text = created.path.read_text()
+    assert len(text.splitlines()) <= 25, len(text.splitlines())  # docstring included
+    assert "def score_mod(self, score, b, h, q_idx, kv_idx)" in text
+    assert "def mask_mod(self, b, h, q_idx, kv_idx)" in text
+    registry = _registry_with(tmp_path)
+    report = check_attention("mymod", registry=registry)
+    assert report.ok, report.failures
+    assert report.status_of("check_fast_matches_reference") == "passed"  # blocked == dense
+
+
+def test_from_and_kind_do_not_combine(tmp_path, capsys):
+    assert main(["new", "mine", "--from", "vanilla", "--kind", "mod", "--dir", str(tmp_path)]) == 2
+    assert "does not combine with --kind" in capsys.readouterr().err
+    assert not (tmp_path / "mine.py").exists()
+
+
 def test_template_has_the_classic_math_and_says_what_to_edit(bundled_registry, tmp_path):
     text = create_variant("my_attn", bundled_registry, tmp_path).path.read_text()
     for expected in (
@@ -129,7 +147,7 @@ def test_a_written_file_that_does_not_register_its_name_is_removed(
 ):
     broken = tmp_path / "broken.tmpl"
     broken.write_text("import playground\n# ${name} ${class_name} ${config_name}\n")
-    monkeypatch.setattr(scaffold, "TEMPLATE", broken)
+    monkeypatch.setitem(scaffold.TEMPLATES, "reference", broken)
     with pytest.raises(PlaygroundError, match=r"did not load cleanly, so it was removed.*no hook"):
         create_variant("ghost", bundled_registry, tmp_path / "out")
     assert not (tmp_path / "out" / "ghost.py").exists()
@@ -167,10 +185,12 @@ def _ruff() -> str | None:
 
 
 @pytest.mark.skipif(_ruff() is None, reason="ruff is not installed (pip install -e '.[dev]')")
-@pytest.mark.parametrize("copy_from", [None, "vanilla"])
-def test_scaffolded_file_passes_the_projects_lint(bundled_registry, tmp_path, copy_from):
+@pytest.mark.parametrize(
+    ("copy_from", "kind"), [(None, "reference"), ("vanilla", "reference"), (None, "mod")]
+)
+def test_scaffolded_file_passes_the_projects_lint(bundled_registry, tmp_path, copy_from, kind):
     """`nox -s lint` covers plugins/, so a new file must be clean as written."""
-    text = create_variant("myattn", bundled_registry, tmp_path, copy_from=copy_from)
+    text = create_variant("myattn", bundled_registry, tmp_path, copy_from=copy_from, kind=kind)
     source = text.path.read_text()
     for command in (["check"], ["format", "--check"]):
         completed = subprocess.run(
