@@ -95,7 +95,7 @@ def test_attention(
     # varied between runs (1-4 MiB on forward+backward here), as the profiler misses the
     # frees of blocks allocated before it started (the previous call's gradients). The
     # second call's figure repeats to the byte across runs and test selections.
-    if not request.config.getoption("bench_time_only"):
+    if not request.config.getoption("bench_time_only", default=False):
         peak_memory_bytes(workload, device)
         peak = peak_memory_bytes(workload, device)
         benchmark.extra_info["peak_memory_bytes"] = peak
