@@ -301,6 +301,26 @@ class AttentionVariant(nn.Module):
                 f"declared dtypes: {', '.join(str(d) for d in caps.dtypes)}",
             )
 
+    # --- extension points: what the core does differently for some variants ------------
+    @classmethod
+    def fit_options(cls, options: dict[str, Any], seq_len: int) -> dict[str, Any]:
+        """The options to build this variant with for sequences of up to `seq_len`
+        tokens, when the user left a length-sized option unset (a projection sized for
+        the sequence, say). Called by the model builder; the default changes nothing."""
+        return dict(options)
+
+    def share_with_first_layer(self, first: AttentionVariant) -> tuple[str, ...]:
+        """Tie this layer's state to the first layer of a stack, as the variant's paper
+        does across layers (one bias table, one projection); returns the names of what
+        is now shared, for the record. The default shares nothing."""
+        return ()
+
+    def global_token_arguments(self, is_global: torch.Tensor) -> dict[str, Any]:
+        """Extra forward arguments that give the tokens marked in `is_global` (B, N) bool
+        global attention (a [CLS] token a sequence is classified from). The default: none,
+        for a variant without global tokens."""
+        return {}
+
     def special_sizes(self) -> tuple[int, ...]:
         """Sequence lengths at which this instance's behaviour changes (a window, a block,
         a bucket boundary): the contract suite tests lengths on both sides of each.

@@ -6,15 +6,14 @@ feed-forward network (§3.3), each wrapped in a residual connection with LayerNo
 The LayerNorm sits before each sublayer (pre-LN, Xiong et al. 2020), which trains stably
 with the short warm-ups a CPU budget allows; a final LayerNorm follows the stack.
 
-Across layers the model shares what the papers share: T5's relative bias table is computed
-by the first layer and reused by all (Raffel et al. 2020 §2.1), and Linformer's
-`sharing="layerwise"` uses one projection for every layer (Wang et al. 2020 §4). Both are
-found generically, by the variant's `share_relative_bias_with` / `share_projections_with`
-methods, so a new variant with either method gets the same treatment.
+Across layers the model shares what each variant's paper shares, through the variant's
+`share_with_first_layer` hook (T5's bias table, Raffel et al. 2020 §2.1; Linformer's
+layerwise projection, Wang et al. 2020 §4); a length-sized option the user left unset is
+fitted to the task's length by the variant's `fit_options`.
 
 Heads: per-token classification (`target="token"`, logits at every position) or
 whole-sequence classification (`target="sequence"`) from the first position (a [CLS]
-token, made global for variants that take `global_attention_mask`) or from the mean over
+token, made global through the variant's `global_token_arguments`) or from the mean over
 real tokens.
 """
 
@@ -28,7 +27,6 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from playground.config import build_config, field_types
 from playground.contract import AttentionVariant
 from playground.errors import ConfigError, UnsupportedFeature
 from playground.registry import Registry
@@ -43,7 +41,8 @@ class ModelConfig:
     num_classes: int
     """Outputs of the classification head."""
     max_seq_len: int
-    """Longest sequence: sizes the positional table and Linformer's `seq_len` when unset."""
+    """Longest sequence: sizes the positional table and what the variant fits to a length
+    (its `fit_options`)."""
     variant: str = "vanilla"
     """Registered attention variant used in every layer."""
     variant_options: dict[str, Any] = field(default_factory=dict)
@@ -119,41 +118,12 @@ class EncoderLayer(nn.Module):
         return x + self.dropout(self.feed_forward(self.feed_forward_norm(x)))
 
 
-def variant_options_for(
-    registry: Registry, variant: str, options: dict[str, Any], max_seq_len: int
-) -> dict[str, Any]:
-    """The variant's options with a length-sized option (`seq_len`, Linformer's) set to the
-    task's length when the user left it unset. Where that length is invalid with the other
-    options (Linformer's default k = 256 slots for a 64-token task), the variant's own
-    default stays, which fits any shorter input."""
-    options = dict(options)
-    config_cls = registry.get(variant).Config
-    if "seq_len" in field_types(config_cls) and "seq_len" not in options:
-        try:
-            build_config(config_cls, {**options, "seq_len": max_seq_len}, variant)
-        except ConfigError:
-            return options
-        options["seq_len"] = max_seq_len
-    return options
-
-
-def _encodes_positions(attention: AttentionVariant) -> bool:
-    """Whether the variant carries position information of its own (a relative bias)."""
-    return type(attention).encodes_positions
-
-
 def share_across_layers(layers: list[AttentionVariant]) -> list[str]:
-    """Tie what the papers tie across a stack; returns what was shared, for the record."""
+    """Tie what the papers tie across a stack (each variant's `share_with_first_layer`);
+    returns what was shared, for the record."""
     first, shared = layers[0], []
-    if hasattr(first, "share_relative_bias_with"):  # T5 §2.1: one bias table per stack
-        for layer in layers[1:]:
-            layer.share_relative_bias_with(first)  # type: ignore[operator]
-        shared.append("relative_bias")
-    sharing = getattr(first.config, "sharing", None)
-    if hasattr(first, "share_projections_with") and sharing == "layerwise":  # Linformer §4
-        for layer in layers[1:]:
-            layer.share_projections_with(first)  # type: ignore[operator]
-        shared.append("projections")
+    for layer in layers[1:]:
+        shared = list(layer.share_with_first_layer(first))
     return shared
 
 
@@ -163,8 +133,8 @@ class TransformerClassifier(nn.Module):
     def __init__(self, config: ModelConfig, registry: Registry) -> None:
         super().__init__()
         self.config = config
-        options = variant_options_for(
-            registry, config.variant, config.variant_options, config.max_seq_len
+        options = registry.get(config.variant).fit_options(
+            config.variant_options, config.max_seq_len
         )
         attentions = [
             registry.build(config.variant, config.d_model, config.num_heads, **options)
@@ -180,7 +150,7 @@ class TransformerClassifier(nn.Module):
             )
         self.shared = share_across_layers(attentions) if config.share_across_layers else []
         use_sinusoids = config.positional_encoding == "sinusoidal" or (
-            config.positional_encoding == "auto" and not _encodes_positions(first)
+            config.positional_encoding == "auto" and not type(first).encodes_positions
         )
         self.embedding = nn.Embedding(config.vocab_size, config.d_model)
         # std d^-1/2, times √d in forward: unit-scale embeddings next to the unit-scale
@@ -195,11 +165,7 @@ class TransformerClassifier(nn.Module):
         self.head = nn.Linear(config.d_model, config.num_classes)
         # A sequence classified from position 0 makes that position global where the
         # variant has global attention (Longformer §3.1: [CLS] is global for classification).
-        self.global_first_token = (
-            config.target == "sequence"
-            and config.pooling == "first"
-            and "global_attention_mask" in first.forward_kwargs
-        )
+        self.global_first_token = config.target == "sequence" and config.pooling == "first"
 
     @property
     def attentions(self) -> list[AttentionVariant]:
@@ -221,7 +187,7 @@ class TransformerClassifier(nn.Module):
         if self.global_first_token:
             is_global = torch.zeros_like(tokens, dtype=torch.bool)  # (B, L)
             is_global[:, 0] = True
-            extra["global_attention_mask"] = is_global
+            extra = self.layers[0].attention.global_token_arguments(is_global)
         for layer in self.layers:
             x = layer(x, attention_mask, extra)
         x = self.final_norm(x)  # (B, L, d_model)

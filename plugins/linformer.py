@@ -71,6 +71,7 @@ from playground import (
     ConfigError,
     VariantConfig,
 )
+from playground.config import build_config
 
 Sharing = Literal["headwise", "kv", "none", "layerwise"]
 
@@ -180,6 +181,26 @@ class LinformerAttention(AttentionVariant):
             )
         self.E = other.E
         self.F = other.F
+
+    @classmethod
+    def fit_options(cls, options: dict, seq_len: int) -> dict:
+        """E and F sized for the task's length when seq_len is unset; where that length
+        is invalid with the other options (the default k = 256 slots for 64 tokens), the
+        default seq_len stays, which fits any shorter input."""
+        if "seq_len" in options:
+            return dict(options)
+        try:
+            build_config(cls.Config, {**options, "seq_len": seq_len}, cls.name)
+        except ConfigError:
+            return dict(options)
+        return {**options, "seq_len": seq_len}
+
+    def share_with_first_layer(self, first) -> tuple[str, ...]:
+        """§4 "layerwise sharing": one projection for every layer of the stack."""
+        if self.config.sharing != "layerwise":
+            return ()
+        self.share_projections_with(first)
+        return ("projections",)
 
     def _zero_empty_elements(
         self, output: torch.Tensor, attention_mask: torch.Tensor | None

@@ -134,6 +134,9 @@ class LongformerAttention(AttentionVariant):
         """The one-sided reach w and the fast path's query block, besides the options."""
         return (*super().special_sizes(), self.config.attention_window // 2, BLOCK)
 
+    def global_token_arguments(self, is_global: torch.Tensor) -> dict:
+        return {"global_attention_mask": is_global}
+
     def _token_roles(
         self, x: torch.Tensor, attention_mask: torch.Tensor | None, global_attention_mask
     ) -> tuple[torch.Tensor, torch.Tensor]:

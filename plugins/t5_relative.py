@@ -178,6 +178,11 @@ class T5RelativeAttention(AttentionVariant):
             )
         self.relative_attention_bias = other.relative_attention_bias
 
+    def share_with_first_layer(self, first) -> tuple[str, ...]:
+        """T5 computes the bias in its first layer and reuses it in every layer (§2.1)."""
+        self.share_relative_bias_with(first)
+        return ("relative_bias",)
+
     def compute_bias(
         self,
         query_length: int,

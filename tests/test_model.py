@@ -168,3 +168,45 @@ def test_causal_mqar_is_unsupported_for_a_variant_without_causal_attention():
         measure_accuracy(
             Registry.discover(entry_points=False), "linformer", {}, "mqar", {"causal": True}
         )
+
+
+RESEARCHER_PLUGIN = """
+    import torch
+    import playground
+
+    class TableAttention(playground.SoftmaxAttention):
+        name, summary, paper = "table_attention", "a learned bias per distance", "-"
+        additive_score_mod = True
+
+        def __init__(self, d_model=512, num_heads=8, **options):
+            super().__init__(d_model, num_heads, **options)
+            self.distance_bias = torch.nn.Parameter(torch.zeros(64))
+
+        def score_mod(self, score, b, h, q_idx, kv_idx):
+            return score + self.distance_bias[(q_idx - kv_idx).abs().clamp(max=63)]
+
+        def share_with_first_layer(self, first):
+            self.distance_bias = first.distance_bias
+            return ("distance_table",)
+
+        def global_token_arguments(self, is_global):
+            return {}
+
+    @playground.hookimpl
+    def register_attention(register):
+        register(TableAttention)
+"""
+
+
+def test_a_researchers_variant_shares_state_through_the_hook_like_a_shipped_one(write_plugin):
+    """Names of the researcher's own choosing: the model calls the declared hook, so the
+    three layers hold one and the same Parameter, as T5's do."""
+    path = write_plugin("table_attention.py", RESEARCHER_PLUGIN)
+    registry = Registry.discover([path.parent], entry_points=False)
+    assert not registry.errors, registry.errors
+    model = TransformerClassifier(_config("table_attention"), registry)
+    assert model.shared == ["distance_table"]
+    tables = {id(attention.distance_bias) for attention in model.attentions}
+    assert len(tables) == 1
+    model(torch.randint(0, 12, (2, 16))).sum().backward()
+    assert model.attentions[0].distance_bias.grad.abs().sum() > 0

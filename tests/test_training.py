@@ -86,7 +86,7 @@ def test_measure_accuracy_returns_the_row_fields(bundled_registry: Registry) -> 
     assert row["accuracy_mean"] == pytest.approx(sum(row["accuracy_per_seed"]) / 2)
     assert row["accuracy_std"] >= 0 and row["train_time_s"] > 0
     assert row["chance"] == pytest.approx(1 / 7)
-    assert row["model"]["shared_across_layers"] == ["relative_bias"]
+    assert row["model"]["shared_across_layers"] == []  # one layer: nothing to share with
 
 
 def test_measure_accuracy_is_repeatable_for_a_seed(bundled_registry: Registry) -> None:
