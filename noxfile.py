@@ -50,10 +50,9 @@ BENCH_TESTS = "tests/benchmarks/test_attention_benchmarks.py"
 BENCH_STORAGE = ".benchmarks"
 BENCH_CANDIDATE = "results/benchmarks/bench_compare.json"
 TIME_REGRESSION_PERCENT = int(os.environ.get("PLAYGROUND_BENCH_FAIL_PERCENT", "30"))
-"""bench_compare fails when a benchmark is more than this much slower than the baseline in
-its time over the reference matmul timed beside it, and stays so when re-measured side by
-side with the baseline's code (tests/benchmarks/time_gate.py; the README has the
-measurements behind the design)."""
+"""bench_compare fails when a benchmark is more than this much slower on the working tree
+than on the baseline's commit, timed in turns on both (tests/benchmarks/time_gate.py;
+the README has the measurements behind the design)."""
 
 nox.options.sessions = ["tests", "lint"]
 ENVIRONMENT = {"venv_backend": "none"}
@@ -134,10 +133,9 @@ def bench(session: nox.Session) -> None:
 def bench_compare(session: nox.Session) -> None:
     """Fail on a regression against the last saved run: slower, or more memory.
 
-    The time gate (time_gate.py) screens each benchmark's time relative to a reference
-    matmul timed beside it against the saved baseline; a benchmark more than
-    TIME_REGRESSION_PERCENT slower is re-measured on the baseline's commit and on the
-    working tree side by side, and fails only if that confirms it. The memory gate
+    The time gate (time_gate.py) times every benchmark on the saved baseline's commit
+    and on the working tree in alternating rounds (paired.py), and fails on one more than
+    TIME_REGRESSION_PERCENT slower in two such measurements. The memory gate
     (memory_gate.py) fails on any growth of peak memory. Both always run, each printing
     one line per regressed benchmark. Nothing is saved to .benchmarks/, so the baseline
     stays the one `nox -s bench` recorded."""

@@ -30,6 +30,7 @@ from playground.measure import gemm_flops_per_second
 from playground.registry import default_registry
 from playground.results import environment
 from playground.spec import Spec, VariantRun, load_spec
+from tests.benchmarks.calls import labelled_points
 
 SEQ_LENS_ENV = "PLAYGROUND_BENCH_SEQ_LENS"
 DEVICE_ENV = "PLAYGROUND_BENCH_DEVICE"
@@ -50,16 +51,7 @@ class BenchSettings:
 
     def variant(self, label: str) -> VariantRun:
         """The spec's variant point that `pytest_generate_tests` named `label`."""
-        return _labelled(self.spec)[label]
-
-
-def _labelled(spec: Spec) -> dict[str, VariantRun]:
-    """Variant points by test-id label: the name, or the full label for a swept name."""
-    names = [variant.name for variant in spec.variants]
-    return {
-        (variant.name if names.count(variant.name) == 1 else variant.label): variant
-        for variant in spec.variants
-    }
+        return labelled_points(self.spec)[label]
 
 
 def _parse_seq_lens(text: str, where: str) -> tuple[int, ...]:
@@ -84,8 +76,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--bench-time-only",
         action="store_true",
-        help="time the benchmarks but skip their peak-memory profiling (the time gate's "
-        "re-measurements: only the time is wanted, and profiling takes longer than timing)",
+        help="time the benchmarks but skip their peak-memory profiling (faster, when only "
+        "the times are wanted; the memory gate then has nothing to compare)",
     )
 
 
@@ -130,7 +122,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "variant" not in metafunc.fixturenames:
         return
     seq_lens, _ = _seq_lens(metafunc.config)
-    labels = _labelled(load_spec("quick", default_registry()))
+    labels = labelled_points(load_spec("quick", default_registry()))
     combinations = [
         (label, seq_len, pass_name)
         for label in labels

@@ -14,6 +14,7 @@ as `extra_info["injected_slowdown"]`.
 from __future__ import annotations
 
 import os
+import statistics
 from collections.abc import Callable
 
 import pytest
@@ -22,6 +23,7 @@ import torch
 from tests.benchmarks.reference import duration_s
 
 SLOWDOWN_ENV = "PLAYGROUND_BENCH_INJECT_SLOWDOWN"
+REFINE_ROUNDS = 5
 EXTRA_SIZE = 256
 """Each unit of extra work is a (256, 256) @ (256, 256) matmul, a fraction of a
 millisecond, so the extra time can be sized to a few percent of any benchmark's."""
@@ -49,21 +51,32 @@ def injected_slowdowns() -> dict[str, float]:
 
 def slowed_down(workload: Callable[[], None], factor: float) -> tuple[Callable[[], None], float]:
     """`workload` followed by extra matmuls taking (factor - 1) times its own time, and
-    the factor that sizing gives (on the best of a few calls of each)."""
+    the factor that sizing gives. A first guess from the fastest of a few calls of each is
+    refined by timing the workload and the extra work in turn, REFINE_ROUNDS times: on a
+    loaded machine the fastest short matmul and the fastest long call meet different
+    loads, and sized that way the extra work came out far more than asked for."""
     generator = torch.Generator().manual_seed(0)
     a = torch.randn(EXTRA_SIZE, EXTRA_SIZE, generator=generator)
     b = torch.randn(EXTRA_SIZE, EXTRA_SIZE, generator=generator)
 
-    def extra_unit() -> None:
-        a @ b
+    def extra(units: int) -> Callable[[], None]:
+        def work() -> None:
+            for _ in range(units):
+                a @ b
+
+        return work
 
     workload_s = min(duration_s(workload) for _ in range(3))
-    unit_s = min(duration_s(extra_unit) for _ in range(20))
-    units = max(1, round((factor - 1) * workload_s / unit_s))
+    unit_s = min(duration_s(extra(1)) for _ in range(20))
+    guess = max(1, round((factor - 1) * workload_s / unit_s))
+    share = statistics.median(
+        duration_s(extra(guess)) / duration_s(workload) for _ in range(REFINE_ROUNDS)
+    )  # the guessed extra work's time over the workload's
+    units = max(1, round(guess * (factor - 1) / share))
+    extra_work = extra(units)
 
     def slower() -> None:
         workload()
-        for _ in range(units):
-            extra_unit()
+        extra_work()
 
-    return slower, (workload_s + units * unit_s) / workload_s
+    return slower, 1 + share * units / guess

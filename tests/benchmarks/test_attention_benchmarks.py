@@ -14,31 +14,13 @@ prove the time gate catches it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
-import torch
 
 from playground.errors import UnsupportedFeature
 from playground.measure import peak_memory_bytes
-from playground.registry import default_registry
-from playground.runner import BACKWARD_FLOPS_FACTOR
-from playground.runner import workload as runner_workload  # time what `playground run` times
+from tests.benchmarks.calls import build_call
 from tests.benchmarks.conftest import BenchSettings
 from tests.benchmarks.reference import InterleavedReference, duration_s, rounds_for
-from tests.benchmarks.slowdown import injected_slowdowns, slowed_down
-
-
-def _synchronised(workload: Callable[[], None], device: str) -> Callable[[], None]:
-    """CUDA runs asynchronously: a timed call must include waiting for its kernels."""
-    if device != "cuda":
-        return workload
-
-    def synchronised() -> None:
-        workload()
-        torch.cuda.synchronize()
-
-    return synchronised
 
 
 def test_attention(
@@ -51,42 +33,13 @@ def test_attention(
 ) -> None:
     spec, device = bench_settings.spec, bench_settings.device
     point = bench_settings.variant(variant)
-    torch.manual_seed(spec.seed)
-    module = (
-        default_registry()
-        .build(point.name, spec.d_model, spec.num_heads, **point.options)
-        .to(device, spec.torch_dtype)
-    )
-    generator = torch.Generator().manual_seed(spec.seed)
-    tokens = torch.randn(spec.batch_size, seq_len, spec.d_model, generator=generator)
-    workload = runner_workload(module, tokens.to(device, spec.torch_dtype), pass_name)
     try:
-        workload()  # warm-up, and the variant's refusal of this size, before any timing
+        call = build_call(spec, point, variant, device, seq_len, pass_name)
     except UnsupportedFeature as error:
         pytest.skip(str(error))
-
-    flops = spec.batch_size * module.count_flops(seq_len, seq_len)
-    if pass_name == "forward_backward":
-        flops *= BACKWARD_FLOPS_FACTOR
     benchmark.group = f"seq_len={seq_len}"
-    benchmark.extra_info.update(
-        variant=point.name,
-        options=point.options,
-        seq_len=seq_len,
-        pass_name=pass_name,
-        batch_size=spec.batch_size,
-        d_model=spec.d_model,
-        num_heads=spec.num_heads,
-        dtype=spec.dtype,
-        device=device,
-        threads=torch.get_num_threads(),
-        flops=flops,
-    )
-    timed = _synchronised(workload, device)
-    slowdowns = injected_slowdowns()
-    factor = slowdowns.get(f"{variant}-n{seq_len}-{pass_name}", slowdowns.get(variant))
-    if factor is not None:
-        timed, benchmark.extra_info["injected_slowdown"] = slowed_down(timed, factor)
+    benchmark.extra_info.update(call.extra_info)
+    timed, workload, flops = call.timed, call.workload, call.flops
     call_s = duration_s(timed)
     reference = InterleavedReference(device, spec.torch_dtype, call_s)
     rounds = 1 if bench_settings.smoke else rounds_for(call_s, request.config)

@@ -1,59 +1,64 @@
-"""The time gate fails on a slow-down that every measurement shows, and only then: proven
-on synthetic saved runs, with the re-measurement replaced by a stand-in that returns a
-chosen run (one real re-measurement, at a smoke size, proves the pytest call)."""
+"""The time gate times every shared benchmark in paired rounds on the baseline's code and
+the working tree, and fails on a slow-down measured twice, and only then: proven with the
+paired measurement replaced by a stand-in that returns chosen ratios; the real workers are
+proven at a small size (the ratios they measure are not asserted: tests assert no
+timings)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from playground.bench_history import SavedRun, normalised_time, read_saved_run
+from playground.bench_history import normalised_time, read_saved_run
+from playground.errors import PlaygroundError
 from tests.benchmarks import time_gate
+from tests.benchmarks.paired import PairedMeasurer, PairedRounds
 from tests.benchmarks.saved_runs import save_run
 
 PEAKS = {name: 1 for name in ("vanilla-n512-forward", "longformer-n1024-forward")}
 MINS = {"vanilla-n512-forward": 0.014, "longformer-n1024-forward": 0.150}
 SLOW = "test_attention[longformer-n1024-forward]"
+FAST = "test_attention[vanilla-n512-forward]"
+ROOT = Path(__file__).resolve().parents[2]
 
 
-class Remeasurements:
-    """Stands in for re-running pytest: hands back the given runs in turn (a candidate
-    run alone, or a (baseline code, candidate code) pair measured side by side), and
-    records which benchmarks it was asked to measure."""
-
-    def __init__(self, *runs: Path | tuple[Path, Path]) -> None:
-        self.runs = list(runs)
-        self.asked: list[list[str]] = []
-
-    def __call__(self, entries: Sequence[dict[str, Any]]) -> tuple[SavedRun | None, SavedRun]:
-        self.asked.append([entry["name"] for entry in entries])
-        if not self.runs:
-            pytest.fail(f"the gate re-measured {self.asked[-1]} once more than expected")
-        run = self.runs.pop(0)
-        if isinstance(run, tuple):
-            return read_saved_run(run[0]), read_saved_run(run[1])
-        return None, read_saved_run(run)
+def rounds(name: str, ratio: float, blocks: int = 9) -> PairedRounds:
+    """Paired rounds in which the candidate's code takes `ratio` times the baseline's."""
+    return PairedRounds(name, (0.01,) * 2 * blocks, (0.01 * ratio,) * 2 * blocks)
 
 
-def gate(storage: Path, candidate: Path, remeasure: Remeasurements) -> int:
-    return time_gate.main([str(storage), "--candidate", str(candidate)], remeasure=remeasure)
+class Paired:
+    """Stands in for the two workers: hands back, per benchmark, the given ratios in turn
+    (1.0 for one not named), and records what it was asked to time."""
+
+    def __init__(self, **ratios: list[float]) -> None:
+        self.ratios = {f"test_attention[{k.replace('_', '-')}]": v for k, v in ratios.items()}
+        self.asked: list[str] = []
+
+    def __call__(self, entry: dict[str, Any]) -> PairedRounds:
+        name = entry["name"]
+        self.asked.append(name)
+        queue = self.ratios.get(name, [1.0])
+        return rounds(name, queue.pop(0) if len(queue) > 1 else queue[0])
 
 
-def longformer_times(tmp_path: Path, number: int, factor: float) -> Path:
-    """A run of the same code with Longformer `factor` times slower."""
-    mins = {**MINS, "longformer-n1024-forward": MINS["longformer-n1024-forward"] * factor}
-    return save_run(tmp_path / "candidates", number, PEAKS, mins_s=mins)
+def gate(storage: Path, candidate: Path, paired: Paired, *extra: str) -> int:
+    return time_gate.main([str(storage), "--candidate", str(candidate), *extra], measure=paired)
 
 
 @pytest.fixture
 def storage(tmp_path: Path) -> Path:
     save_run(tmp_path / "store", 1, PEAKS, mins_s=MINS)
     return tmp_path / "store"
+
+
+@pytest.fixture
+def candidate(tmp_path: Path) -> Path:
+    return save_run(tmp_path / "candidates", 2, PEAKS, mins_s=MINS)
 
 
 def test_normalised_time_is_the_median_ratio_to_the_reference_before_each_round(tmp_path):
@@ -67,149 +72,65 @@ def test_normalised_time_is_the_median_ratio_to_the_reference_before_each_round(
     assert normalised_time(entry) is None
 
 
-def test_unchanged_code_passes_without_remeasuring(storage, tmp_path, capsys):
-    remeasure = Remeasurements()
-    assert gate(storage, longformer_times(tmp_path, 2, 1.1), remeasure) == 0
-    assert remeasure.asked == []
-    assert "passed, no confirmed slow-down above 30% in 2 benchmarks" in capsys.readouterr().out
+def test_unchanged_code_passes_and_every_benchmark_is_timed_once(storage, candidate, capsys):
+    paired = Paired(longformer_n1024_forward=[1.1])
+    assert gate(storage, candidate, paired) == 0
+    assert sorted(paired.asked) == [SLOW, FAST]
+    out = capsys.readouterr().out
+    assert "passed, no slow-down above 30% in 2 benchmarks (slowest " + SLOW + ": +10%)" in out
 
 
-def test_a_uniformly_slower_machine_is_divided_out(storage, tmp_path, capsys):
-    """Every benchmark and the reference matmul three times slower: a loaded machine,
-    not slower code, so nothing is even a suspect."""
-    loaded = save_run(
-        tmp_path / "candidates",
-        2,
-        PEAKS,
-        mins_s={name: 3 * seconds for name, seconds in MINS.items()},
-        reference_s=3 * 0.005,
-    )
-    remeasure = Remeasurements()
-    assert gate(storage, loaded, remeasure) == 0
-    assert remeasure.asked == []
-    # The same raw times against an unchanged reference would make both suspects.
-    unloaded = save_run(
-        tmp_path / "candidates", 3, PEAKS, mins_s={n: 3 * s for n, s in MINS.items()}
-    )
-    both = Remeasurements(unloaded, unloaded)
-    assert gate(storage, unloaded, both) == 1
-    assert both.asked[0] == sorted(f"test_attention[{name}]" for name in MINS)
+def test_the_saved_times_are_not_compared(storage, tmp_path, capsys):
+    """A candidate run three times slower (a loaded machine while the suite ran) is not a
+    slow-down: only the paired rounds are."""
+    loaded = save_run(tmp_path / "c", 2, PEAKS, mins_s={n: 3 * s for n, s in MINS.items()})
+    assert gate(storage, loaded, Paired()) == 0
     capsys.readouterr()
 
 
-def test_a_confirmed_slow_down_fails_in_one_line_per_benchmark(storage, tmp_path, capsys):
-    slower = longformer_times(tmp_path, 2, 1.5)
-    remeasure = Remeasurements(
-        longformer_times(tmp_path, 3, 1.45), longformer_times(tmp_path, 4, 1.6)
-    )
-    assert gate(storage, slower, remeasure) == 1
-    assert remeasure.asked == [[SLOW], [SLOW]]  # the suspect alone, twice
+def test_a_slow_down_measured_twice_fails_in_one_line_per_benchmark(storage, candidate, capsys):
+    paired = Paired(longformer_n1024_forward=[1.5, 1.45])
+    assert gate(storage, candidate, paired) == 1
+    assert paired.asked.count(SLOW) == 2 and paired.asked.count(FAST) == 1
     captured = capsys.readouterr()
-    [line] = [line for line in captured.out.splitlines() if "SLOWER" in line]
-    assert line == (
-        f"  SLOWER   {SLOW}: +45% in every measurement (against the saved baseline: "
-        f"normalised time +50%; working tree re-measured against it: +45%, +60%; "
-        f"threshold +30%)"
-    )
-    assert "FAILED, 1 of 2 benchmarks slower by more than 30% in every measurement" in captured.err
+    [line] = [line for line in captured.err.splitlines() if "SLOWER" in line]
+    assert line == (f"  SLOWER   {SLOW}: +45% (measured twice: +50% (9 blocks); +45% (9 blocks))")
+    assert "FAILED, 1 of 2 benchmarks more than 30% slower than on abcdef0" in captured.err
     assert "Traceback" not in captured.out + captured.err
 
 
-def test_a_slow_down_the_remeasurement_does_not_show_passes(storage, tmp_path, capsys):
-    remeasure = Remeasurements(longformer_times(tmp_path, 3, 1.02))
-    assert gate(storage, longformer_times(tmp_path, 2, 1.8), remeasure) == 0
-    assert remeasure.asked == [[SLOW]]  # cleared at once: no second re-measurement
-    out = capsys.readouterr().out
-    assert (
-        f"  cleared  {SLOW}: +2% measured again (against the saved baseline: normalised time +80%; working tree re-measured against it: +2%;"
-        in out
-    )
-    assert "(1 suspects cleared by re-measuring)" in out
-
-
-def test_side_by_side_the_baseline_code_under_the_same_load_clears_a_suspect(
-    storage, tmp_path, capsys
-):
-    """Re-measured on both codes at once, both 1.6 times slower in normalised time (a
-    load that slows this benchmark more than the reference): not a slow-down."""
-    loaded_baseline_code = longformer_times(tmp_path, 3, 1.6)
-    loaded_candidate_code = longformer_times(tmp_path, 4, 1.6)
-    remeasure = Remeasurements((loaded_baseline_code, loaded_candidate_code))
-    assert gate(storage, longformer_times(tmp_path, 2, 1.6), remeasure) == 0
-    assert f"{SLOW}: +0% measured again (against the saved baseline: normalised time +60%; " in (
+def test_a_slow_down_the_second_measurement_does_not_show_passes(storage, candidate, capsys):
+    paired = Paired(longformer_n1024_forward=[1.8, 1.02])
+    assert gate(storage, candidate, paired) == 0
+    assert f"ok       {SLOW}: +2% (measured twice: +80% (9 blocks); +2% (9 blocks))" in (
         capsys.readouterr().out
     )
 
 
-def test_side_by_side_both_figures_must_show_the_slow_down(storage, tmp_path, capsys):
-    """Side by side, a normalised time 45 % up with the fastest round only 10 % up (the
-    reference happened to meet a quieter moment): not confirmed."""
-    baseline_code = save_run(tmp_path / "candidates", 3, PEAKS, mins_s=MINS, reference_s=0.005)
-    candidate_mins = {**MINS, "longformer-n1024-forward": 0.165}
-    quieter_reference = save_run(
-        tmp_path / "candidates", 4, PEAKS, mins_s=candidate_mins, reference_s=0.0038
-    )
-    remeasure = Remeasurements((baseline_code, quieter_reference))
-    assert gate(storage, longformer_times(tmp_path, 2, 1.5), remeasure) == 0
-    assert "side by side, normalised time / fastest round: +45% / +10%;" in (
-        capsys.readouterr().out
-    )
-
-
-def test_side_by_side_a_slower_candidate_code_fails(storage, tmp_path, capsys):
-    baseline_code = longformer_times(tmp_path, 3, 1.0)
-    slower_code = longformer_times(tmp_path, 4, 1.5)
-    remeasure = Remeasurements((baseline_code, slower_code), (slower_code, slower_code))
-    assert gate(storage, longformer_times(tmp_path, 2, 1.5), remeasure) == 0  # cleared 2nd
-    remeasure = Remeasurements((baseline_code, slower_code), (baseline_code, slower_code))
-    assert gate(storage, longformer_times(tmp_path, 5, 1.5), remeasure) == 1
+def test_the_threshold_is_a_setting(storage, candidate):
+    assert gate(storage, candidate, Paired(longformer_n1024_forward=[1.2])) == 0
     assert (
-        "+50% in every measurement (against the saved baseline: normalised time +50%; side by "
-        "side, normalised time / fastest round: +50% / +50%, +50% / +50%; threshold +30%)"
-    ) in capsys.readouterr().out
-
-
-def test_the_baseline_code_is_exported_from_its_commit(tmp_path):
-    repository = tmp_path / "repository"
-    (repository / "plugins").mkdir(parents=True)
-    (repository / "plugins" / "mine.py").write_text("BASELINE = True\n")
-    git = ["git", "-C", str(repository), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "add", "."], check=True)
-    subprocess.run([*git, "commit", "-q", "-m", "baseline"], check=True)
-    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True)
-    (repository / "plugins" / "mine.py").write_text("BASELINE = False\n")  # the candidate
-    path = save_run(tmp_path / "store", 1, PEAKS, mins_s=MINS)
-    data = json.loads(path.read_text())
-    data["commit_info"] = {"id": commit.stdout.strip(), "dirty": False}
-    path.write_text(json.dumps(data))
-    with time_gate.SideBySide(read_saved_run(path), repository) as side_by_side:
-        code = side_by_side._baseline_code()
-        assert code is not None and code != repository
-        assert (code / "plugins" / "mine.py").read_text() == "BASELINE = True\n"
-    assert not code.exists()  # removed when the gate is done
-    data["commit_info"]["dirty"] = True
-    path.write_text(json.dumps(data))
-    with time_gate.SideBySide(read_saved_run(path), repository) as side_by_side:
-        assert side_by_side._baseline_code() is None
-        assert f"saved from uncommitted code ({commit.stdout[:7]}*)" in side_by_side.note
-        assert "commit before `nox -s bench`" in side_by_side.note
-
-
-def test_the_second_remeasurement_can_clear_a_suspect(storage, tmp_path):
-    remeasure = Remeasurements(
-        longformer_times(tmp_path, 3, 1.7), longformer_times(tmp_path, 4, 1.1)
+        gate(
+            storage, candidate, Paired(longformer_n1024_forward=[1.2]), "--threshold-percent", "10"
+        )
+        == 1
     )
-    assert gate(storage, longformer_times(tmp_path, 2, 1.7), remeasure) == 0
-    assert remeasure.asked == [[SLOW], [SLOW]]
 
 
-def test_the_threshold_is_a_setting(storage, tmp_path):
-    candidate = longformer_times(tmp_path, 2, 1.2)
-    assert gate(storage, candidate, Remeasurements()) == 0  # 20 % is under the default 30
-    again = longformer_times(tmp_path, 3, 1.2)
-    arguments = [str(storage), "--candidate", str(candidate), "--threshold-percent", "10"]
-    assert time_gate.main(arguments, remeasure=Remeasurements(again, again)) == 1
+def test_blocks_of_two_pairs_cancel_the_order_of_the_rounds():
+    """Rounds ran A B, B A, ...: a round right after the other code's 20 % slower. Per
+    pair the ratios are 1.2 and 1/1.2 in turn; per block of two pairs they are 1."""
+    baseline = (1.0, 1.2) * 9  # after itself, then after the candidate
+    candidate = (1.2, 1.0) * 9
+    paired = PairedRounds(SLOW, baseline, candidate)
+    assert paired.blocks == pytest.approx([1.0] * 9)
+    assert paired.slowdown == pytest.approx(1.0)
+    slower = PairedRounds(SLOW, baseline, tuple(1.5 * t for t in candidate))
+    assert slower.slowdown == pytest.approx(1.5)
+    # The median resists a burst of load on a few rounds of one side.
+    burst = list(slower.candidate_s)
+    burst[0:4] = [t * 3 for t in burst[0:4]]
+    assert PairedRounds(SLOW, baseline, tuple(burst)).slowdown == pytest.approx(1.5)
 
 
 @pytest.mark.parametrize(
@@ -224,36 +145,104 @@ def test_the_threshold_is_a_setting(storage, tmp_path):
 )
 def test_runs_that_differ_are_not_compared(storage, tmp_path, capsys, candidate, message):
     other = save_run(tmp_path / "candidates", 2, PEAKS, mins_s=MINS, **candidate)
-    assert gate(storage, other, Remeasurements()) == 2
+    assert gate(storage, other, Paired()) == 2
     assert message in capsys.readouterr().err
 
 
-def test_a_baseline_without_reference_timings_asks_for_a_new_one(tmp_path, capsys):
-    old = save_run(tmp_path / "store", 1, PEAKS, mins_s=MINS)
-    data = json.loads(old.read_text())
-    for entry in data["benchmarks"]:
-        del entry["extra_info"]["reference_times_s"]  # as the suite saved them before
-    old.write_text(json.dumps(data))
-    assert gate(tmp_path / "store", longformer_times(tmp_path, 2, 1.0), Remeasurements()) == 2
-    assert "saved without the reference timings" in capsys.readouterr().err
-
-
-def test_nothing_to_compare_is_an_error_not_a_pass(tmp_path, capsys):
-    candidate = longformer_times(tmp_path, 2, 1.0)
-    assert gate(tmp_path / "missing", candidate, Remeasurements()) == 2
+def test_nothing_to_compare_is_an_error_not_a_pass(tmp_path, candidate, capsys):
+    assert gate(tmp_path / "missing", candidate, Paired()) == 2
     save_run(tmp_path / "store", 1, {"vanilla-n64-forward": 1})
-    assert gate(tmp_path / "store", candidate, Remeasurements()) == 2
+    assert gate(tmp_path / "store", candidate, Paired()) == 2
     assert "share no benchmark" in capsys.readouterr().err
 
 
+def test_nothing_timed_on_both_codes_is_an_error_not_a_pass(storage, candidate, capsys):
+    assert (
+        time_gate.main([str(storage), "--candidate", str(candidate)], measure=lambda e: "gone") == 2
+    )
+    assert "no benchmark could be timed on both codes" in capsys.readouterr().err
+
+
+def git_repository(path: Path, files: dict[str, str]) -> str:
+    """A repository with `files` committed; its commit id."""
+    git = ["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for name, text in files.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(text)
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "baseline"], check=True)
+    return subprocess.run(
+        [*git, "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+
+
+def test_the_baseline_code_is_exported_from_its_commit(tmp_path):
+    repository = tmp_path / "repository"
+    commit = git_repository(
+        repository, {"plugins/mine.py": "BASELINE = True\n", "tests/benchmarks/paired.py": ""}
+    )
+    (repository / "plugins" / "mine.py").write_text("BASELINE = False\n")  # the candidate
+    code = time_gate.export_commit(commit, commit[:7], tmp_path / "out", repository)
+    assert (code / "plugins" / "mine.py").read_text() == "BASELINE = True\n"
+
+
+@pytest.mark.parametrize(
+    ("files", "commit", "message"),
+    [
+        ({"tests/benchmarks/paired.py": ""}, None, "saved from uncommitted code (abcdef0*)"),
+        ({"tests/benchmarks/paired.py": ""}, "0" * 40, "git could not export"),
+        ({"plugins/mine.py": ""}, "HEAD", "predates the paired rounds"),
+    ],
+    ids=["uncommitted", "unknown-commit", "older-commit"],
+)
+def test_a_baseline_whose_code_cannot_be_timed_says_what_to_do(tmp_path, files, commit, message):
+    repository = tmp_path / "repository"
+    head = git_repository(repository, files)
+    with pytest.raises(PlaygroundError, match="save a new baseline") as raised:
+        time_gate.export_commit(
+            head if commit == "HEAD" else commit, "abcdef0*", tmp_path / "out", repository
+        )
+    assert message in str(raised.value)
+
+
+def test_the_gate_refuses_an_uncommitted_baseline(tmp_path, candidate, capsys):
+    path = save_run(tmp_path / "store", 1, PEAKS, mins_s=MINS)
+    data = json.loads(path.read_text())
+    data["commit_info"]["dirty"] = True
+    path.write_text(json.dumps(data))
+    assert time_gate.main([str(tmp_path / "store"), "--candidate", str(candidate)]) == 2
+    assert "saved from uncommitted code (abcdef0*)" in capsys.readouterr().err
+
+
+def entry(label: str, seq_len: int, pass_name: str) -> dict[str, Any]:
+    return {
+        "name": f"test_attention[{label}-n{seq_len}-{pass_name}]",
+        "params": {"variant": label},
+        "extra_info": {"variant": label, "seq_len": seq_len, "pass_name": pass_name},
+    }
+
+
 @pytest.mark.slow
-def test_remeasuring_runs_the_suspects_alone(tmp_path):
-    """The real re-measurement: pytest on the suspects' node ids, at their length."""
-    suspect = read_saved_run(save_run(tmp_path, 1, {"vanilla-n32-forward": 1}))
-    [entry] = suspect.attention_benchmarks()
-    remeasured = time_gate.measure_with_pytest([entry], max_time_s=0.05)
-    [again] = remeasured.attention_benchmarks()
-    assert again["name"] == "test_attention[vanilla-n32-forward]"
-    assert normalised_time(again) > 0
-    assert again["extra_info"]["threads"] == remeasured.machine_info["torch_threads"]
-    assert "peak_memory_bytes" not in again["extra_info"]  # time only: no profiling
+def test_the_workers_time_rounds_on_their_own_code(monkeypatch):
+    """The real workers: both on this checkout, one with an injected slow-down (which only
+    the candidate's sees). What they measure is load-dependent and not asserted."""
+    monkeypatch.setenv("PLAYGROUND_BENCH_INJECT_SLOWDOWN", "vanilla=2")
+    with PairedMeasurer(ROOT, ROOT, threads=1, device="cpu") as paired:
+        measured = paired.measure(entry("vanilla", 32, "forward"))
+        assert isinstance(measured, PairedRounds)
+        assert len(measured.blocks) >= 9 and measured.injected is not None
+        assert "no variant 'nonexistent'" in paired.measure(entry("nonexistent", 32, "forward"))
+        with pytest.raises(PlaygroundError, match="KeyError"):
+            paired.baseline.ask(op="build")  # a malformed request: an error, the worker lives
+        assert isinstance(paired.measure(entry("vanilla", 32, "forward_backward")), PairedRounds)
+
+
+def test_a_worker_that_dies_is_reported_with_its_errors(tmp_path):
+    """A code folder without the project: the worker cannot start, and says why."""
+    with (
+        PairedMeasurer(tmp_path, ROOT, threads=1, device="cpu") as paired,
+        pytest.raises(PlaygroundError, match=r"benchmark worker on .* ended") as raised,
+    ):
+        paired.measure(entry("vanilla", 32, "forward"))
+    assert "No module named" in str(raised.value)

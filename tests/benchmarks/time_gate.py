@@ -1,39 +1,33 @@
-"""The time gate: a benchmark run against a saved baseline, failing only on a slow-down
-that survives the machine's own speed changes and a re-measurement.
+"""The time gate: the working tree's benchmarks against the newest saved run's commit,
+failing only on a slow-down measured under the same load on both codes.
 
     python -m tests.benchmarks.time_gate .benchmarks --candidate run.json [--threshold-percent 30]
-                                        a run written with --benchmark-json against the
-                                        newest saved run (what `nox -s bench_compare` does)
+                                        the benchmarks of a run written with --benchmark-json
+                                        against the newest saved run (what `nox -s
+                                        bench_compare` does)
 
-What is compared. Not a raw median: on a machine shared with other jobs a benchmark's
-time moves with the load on the cores, by far more than any threshold worth having.
-Each benchmark round is timed right after a fixed reference matmul (reference.py), and
-the gate compares `normalised_time` (playground.bench_history): the median over rounds of
-the round's time over its reference's, a figure of the code that a uniformly slower
-machine leaves unchanged and that pairs each round with the load of its own moment.
+What is compared. Not two runs' medians: on a machine shared with other jobs a
+benchmark's time follows the load on the cores, which moves by more than any threshold
+worth having between one run and the next. The saved baseline names a commit; every
+benchmark the two runs share is timed again in paired rounds (paired.py) on that commit's
+code (exported from git) and on the working tree, taking turns a fraction of a second
+apart, and the gate reads the median of their ratios. A benchmark measured more than the
+threshold slower is measured once more, and fails when both measurements agree, in one
+line: `SLOWER   test_attention[longformer-n1024-forward]: +48% (measured twice: ...)`.
 
-What fails. The load does not slow every workload alike (a small matmul far more than a
-long attention call), so against a baseline saved under another load the normalised time
-still moves, and a benchmark more than the threshold slower is only a suspect. The
-suspects alone are measured again, on the baseline's code (its commit, exported from git)
-and on the working tree one right after the other (SideBySide), up to CONFIRMATIONS
-times; such a measurement counts as slower only when both the normalised time and the
-fastest round are, and one that is not clears the suspect. A benchmark fails only if
-every measurement of it was slower, and is reported in one line: the slow-down all its
-measurements agree on and each one's figures. A baseline saved from
-uncommitted code cannot be measured again: then the working tree is re-measured alone
-against the saved figures, which a change of load can fool (the gate says so).
+The candidate run (the suite's run of the working tree) names the benchmarks, and gives
+the memory gate its figures; its times are not compared with the saved ones.
 
-Exit status: 0 no confirmed slow-down; 1 a confirmed slow-down (each listed); 2 nothing to
-compare against or the runs are not comparable (machine, torch, threads or device differ,
-or the baseline was saved without the reference timings: save a new one).
+Exit status: 0 no slow-down; 1 a slow-down (each listed); 2 nothing to compare against, or
+the runs are not comparable (machine, torch, threads or device differ), or the baseline's
+code cannot be timed again (saved from uncommitted code, or from a commit older than the
+paired rounds): each says what to do.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
-import os
 import subprocess
 import sys
 import tarfile
@@ -43,89 +37,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from playground.bench_history import SavedRun, load_saved_runs, normalised_time, read_saved_run
+from playground.bench_history import SavedRun, load_saved_runs, read_saved_run
 from playground.errors import PlaygroundError
 from tests.benchmarks.memory_gate import incomparable
-from tests.benchmarks.slowdown import SLOWDOWN_ENV
+from tests.benchmarks.paired import PairedMeasurer, PairedRounds
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_THRESHOLD_PERCENT = 30
-CONFIRMATIONS = 2
-"""Re-measurements of a suspect before it fails; one that is not slower clears it."""
-REMEASURE_MAX_TIME_S = 2.0
-"""A re-measured benchmark runs rounds for this long (the suite's default is 1 s): more
-rounds for the median, and a few suspects cost little."""
+CONFIRMATIONS = 1
+"""A benchmark measured slower is measured once more, and fails only if that agrees: one
+burst of load on a few rounds of one code should not fail a change."""
 
-Remeasure = Callable[[Sequence[dict[str, Any]]], tuple[SavedRun | None, SavedRun]]
-"""Measures the given benchmarks (saved-run entries) again: on the baseline's code (None
-when that code cannot be had) and on the candidate's, one right after the other."""
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """One benchmark measured on the baseline's code and on the candidate's."""
-
-    baseline: dict[str, Any]
-    candidate: dict[str, Any]
-    side_by_side: bool
-    """Both measured in this session, one right after the other (not the saved baseline)."""
-
-    @property
-    def normalised(self) -> float:
-        """Candidate's normalised time over the baseline's (1.5 = 50 % slower)."""
-        return normalised_time(self.candidate) / normalised_time(self.baseline)
-
-    @property
-    def fastest(self) -> float:
-        """Candidate's fastest round over the baseline's."""
-        return self.candidate["stats"]["min"] / self.baseline["stats"]["min"]
-
-    @property
-    def slowdown(self) -> float:
-        """What this measurement says. Against the saved baseline, the normalised time
-        (a raw time there mostly measures the change of load). Side by side, where both
-        codes met nearly the same load, the lesser of the normalised time and the fastest
-        round: the load fools each now and then, rarely both at once (the README has the
-        measurements)."""
-        if not self.side_by_side:
-            return self.normalised
-        return min(self.normalised, self.fastest)
-
-    def describe(self) -> str:
-        if not self.side_by_side:
-            return f"{self.normalised - 1:+.0%}"
-        return f"{self.normalised - 1:+.0%} / {self.fastest - 1:+.0%}"
-
-
-@dataclass
-class Verdict:
-    """One benchmark's measurements: against the saved baseline, then any re-measurements."""
-
-    benchmark: str
-    measurements: list[Measurement]
-
-    @property
-    def slowdown(self) -> float:
-        """The least slow-down measured: the slow-down every measurement agrees on."""
-        return min(measurement.slowdown for measurement in self.measurements)
-
-    def describe(self, threshold: float) -> str:
-        """`+45% in every measurement (against the saved baseline: normalised time +50%;
-        side by side, normalised time / fastest round: +48% / +45%, +52% / +47%;
-        threshold +30%)`."""
-        verdict = "in every measurement" if self.slowdown > 1 + threshold else "measured again"
-        first, *again = self.measurements
-        parts = [f"against the saved baseline: normalised time {first.describe()}"]
-        alone = [m.describe() for m in again if not m.side_by_side]
-        if alone:
-            parts.append(f"working tree re-measured against it: {', '.join(alone)}")
-        paired = [m.describe() for m in again if m.side_by_side]
-        if paired:
-            parts.append(f"side by side, normalised time / fastest round: {', '.join(paired)}")
-        return (
-            f"{self.benchmark}: {self.slowdown - 1:+.0%} {verdict} "
-            f"({'; '.join(parts)}; threshold {threshold:+.0%})"
-        )
+Measure = Callable[[dict[str, Any]], "PairedRounds | str"]
+"""Times one saved benchmark in paired rounds on both codes, or says why it cannot."""
 
 
 def refusal(baseline: SavedRun, candidate: SavedRun) -> str | None:
@@ -143,16 +67,6 @@ def refusal(baseline: SavedRun, candidate: SavedRun) -> str | None:
             f"runs timed with different thread counts ({before} -> {after}); set "
             f"PLAYGROUND_BENCH_THREADS={before} or save a new baseline with `nox -s bench`"
         )
-    unreferenced = [
-        run.path
-        for run in (baseline, candidate)
-        if any(normalised_time(entry) is None for entry in run.attention_benchmarks())
-    ]
-    if unreferenced:
-        return (
-            f"{unreferenced[0]} was saved without the reference timings the gate divides by "
-            f"(saved by an older suite, or a smoke run); save a new baseline with `nox -s bench`"
-        )
     return None
 
 
@@ -161,148 +75,96 @@ def _threads(run: SavedRun) -> object:
     return benchmarks[0]["extra_info"].get("threads") if benchmarks else None
 
 
-def judge(
-    baseline: SavedRun,
-    candidate: SavedRun,
-    threshold: float,
-    remeasure: Remeasure,
-    confirmations: int = CONFIRMATIONS,
-) -> list[Verdict]:
-    """Every benchmark in both runs, with its re-measurements if it was a suspect."""
-    before = {entry["name"]: entry for entry in baseline.attention_benchmarks()}
+def shared_benchmarks(baseline: SavedRun, candidate: SavedRun) -> list[dict[str, Any]]:
+    """The candidate's entries of the benchmarks both runs have, by name."""
+    before = {entry["name"] for entry in baseline.attention_benchmarks()}
     after = {entry["name"]: entry for entry in candidate.attention_benchmarks()}
-    verdicts = [
-        Verdict(name, [Measurement(before[name], after[name], side_by_side=False)])
-        for name in sorted(before.keys() & after.keys())
-    ]
-    for _ in range(confirmations):
-        suspects = [verdict for verdict in verdicts if verdict.slowdown > 1 + threshold]
-        if not suspects:
-            break
-        old_code, new_code = remeasure([after[verdict.benchmark] for verdict in suspects])
-        again_before = _by_name(old_code) if old_code else before
-        again_after = _by_name(new_code)
-        for verdict in suspects:
-            name = verdict.benchmark
-            if name not in again_after or name not in again_before:
-                raise PlaygroundError(
-                    f"the re-measurement did not run {name}; run `nox -s bench_compare` again"
-                )
-            verdict.measurements.append(
-                Measurement(again_before[name], again_after[name], side_by_side=bool(old_code))
-            )
-    return verdicts
+    return [after[name] for name in sorted(before & after.keys())]
 
 
-def _by_name(run: SavedRun) -> dict[str, dict[str, Any]]:
-    return {entry["name"]: entry for entry in run.attention_benchmarks()}
+def export_commit(commit: str | None, saved_as: str, folder: Path, root: Path = ROOT) -> Path:
+    """The baseline's code, exported from git into `folder`; PlaygroundError saying what
+    to do when it cannot be had."""
+    if commit is None:
+        raise PlaygroundError(
+            f"the baseline was saved from uncommitted code ({saved_as}), which cannot be "
+            f"timed again; commit, then save a new baseline with `nox -s bench`"
+        )
+    archive = subprocess.run(
+        ["git", "-C", str(root), "archive", "--format=tar", commit], capture_output=True
+    )
+    if archive.returncode != 0:
+        raise PlaygroundError(
+            f"git could not export the baseline's commit {commit[:7]} "
+            f"({archive.stderr.decode(errors='replace').strip()}); save a new baseline "
+            f"with `nox -s bench` in this checkout"
+        )
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(folder, filter="data")
+    if not (folder / "tests" / "benchmarks" / "paired.py").is_file():
+        raise PlaygroundError(
+            f"the baseline's commit {commit[:7]} predates the paired rounds this gate times "
+            f"with; save a new baseline with `nox -s bench`"
+        )
+    return folder
 
 
-def measure_with_pytest(
+@dataclass
+class Verdict:
+    """A benchmark's paired measurements: the first, and a second for a suspect."""
+
+    benchmark: str
+    measurements: list[PairedRounds]
+
+    @property
+    def slowdown(self) -> float:
+        """The least slow-down measured: the one every measurement agrees on."""
+        return min(rounds.slowdown for rounds in self.measurements)
+
+    def describe(self) -> str:
+        """`+48% (9 blocks, 1.50x injected; again: +52% (9 blocks, ...))`."""
+        first, *again = (rounds.describe() for rounds in self.measurements)
+        if not again:
+            return first
+        return f"{self.slowdown - 1:+.0%} (measured twice: {first}; {', '.join(again)})"
+
+
+def judge(
     entries: Sequence[dict[str, Any]],
-    code: Path = ROOT,
-    env: dict[str, str] | None = None,
-    max_time_s: float = REMEASURE_MAX_TIME_S,
-) -> SavedRun:
-    """Run the given benchmarks again, alone, on the code in `code` (a checkout: pytest
-    runs there, so `playground` and the plugins are imported from it)."""
-    seq_lens = sorted({int(entry["extra_info"]["seq_len"]) for entry in entries})
-    with tempfile.TemporaryDirectory(prefix="time-gate-") as directory:
-        out = Path(directory) / "remeasured.json"
-        command = [
-            sys.executable,
-            "-m",
-            "pytest",
-            *(entry["fullname"] for entry in entries),
-            "--bench-seq-lens",
-            ",".join(map(str, seq_lens)),
-            *_time_only(code),
-            "--benchmark-enable",
-            f"--benchmark-max-time={max_time_s}",
-            f"--benchmark-json={out}",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-        ]
-        completed = subprocess.run(
-            command, cwd=code, capture_output=True, text=True, env=env or dict(os.environ)
-        )
-        if completed.returncode != 0 or not out.is_file():
-            raise PlaygroundError(
-                f"re-measuring the suspects in {code} failed (exit {completed.returncode}):\n"
-                f"{completed.stdout[-2000:]}{completed.stderr[-2000:]}"
-            )
-        return read_saved_run(out)
+    threshold: float,
+    measure: Measure,
+    confirmations: int = CONFIRMATIONS,
+) -> tuple[list[Verdict], list[Verdict], list[str]]:
+    """(passed, slower, skipped): every benchmark timed in paired rounds, a suspect timed
+    again up to `confirmations` times, one line printed per benchmark as it is judged."""
+    passed: list[Verdict] = []
+    slower: list[Verdict] = []
+    skipped: list[str] = []
+    for number, entry in enumerate(entries, 1):
+        prefix = f"  [{number}/{len(entries)}]"
+        measured = measure(entry)
+        if isinstance(measured, str):
+            skipped.append(f"{entry['name']}: {measured}")
+            print(f"{prefix} skipped  {entry['name']}: {measured}", flush=True)
+            continue
+        verdict = Verdict(entry["name"], [measured])
+        for _ in range(confirmations):
+            if verdict.slowdown <= 1 + threshold:
+                break
+            again = measure(entry)
+            if isinstance(again, str):
+                raise PlaygroundError(f"timing {entry['name']} again failed: {again}")
+            verdict.measurements.append(again)
+        if verdict.slowdown > 1 + threshold:
+            slower.append(verdict)
+            print(f"{prefix} SLOWER   {verdict.benchmark}: {verdict.describe()}", flush=True)
+        else:
+            passed.append(verdict)
+            print(f"{prefix} ok       {verdict.benchmark}: {verdict.describe()}", flush=True)
+    return passed, slower, skipped
 
 
-def _time_only(code: Path) -> list[str]:
-    """--bench-time-only where the checkout's suite has it (a baseline's may predate it)."""
-    conftest = code / "tests" / "benchmarks" / "conftest.py"
-    return ["--bench-time-only"] if "--bench-time-only" in conftest.read_text() else []
-
-
-class SideBySide:
-    """Re-measures suspects on the baseline's code (its commit, exported from git to a
-    temporary folder) and on the working tree, one right after the other, taking turns
-    at going first: both meet the same load, which no normalisation fully divides out.
-    When the baseline's code cannot be had (it was saved from uncommitted changes, or
-    there is no git), the working tree is re-measured alone against the saved baseline."""
-
-    def __init__(self, baseline: SavedRun, root: Path = ROOT) -> None:
-        self.baseline = baseline
-        self.root = root
-        self.turn = 0
-        self.folder = tempfile.TemporaryDirectory(prefix="time-gate-baseline-")
-        self.code: Path | None = None
-        self.note = ""
-
-    def __enter__(self) -> SideBySide:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.folder.cleanup()
-
-    def _baseline_code(self) -> Path | None:
-        if self.code is not None or self.note:
-            return self.code
-        commit = self.baseline.clean_commit
-        if commit is None:
-            self.note = (
-                f"the baseline was saved from uncommitted code ({self.baseline.commit}), so "
-                f"suspects are re-measured on the working tree alone against it; commit before "
-                f"`nox -s bench` to have them re-measured side by side with the baseline's code"
-            )
-            return None
-        archive = subprocess.run(
-            ["git", "-C", str(self.root), "archive", "--format=tar", commit], capture_output=True
-        )
-        if archive.returncode != 0:
-            self.note = (
-                f"git could not export the baseline's commit {commit[:7]} "
-                f"({archive.stderr.decode(errors='replace').strip()}), so suspects are "
-                f"re-measured on the working tree alone against the saved baseline"
-            )
-            return None
-        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-            tar.extractall(self.folder.name, filter="data")
-        self.code = Path(self.folder.name)
-        return self.code
-
-    def __call__(self, entries: Sequence[dict[str, Any]]) -> tuple[SavedRun | None, SavedRun]:
-        code = self._baseline_code()
-        if code is None:
-            return None, measure_with_pytest(entries, self.root)
-        # The injected slow-down stands for a change in the candidate's code only.
-        baseline_env = {k: v for k, v in os.environ.items() if k != SLOWDOWN_ENV}
-        self.turn += 1
-        if self.turn % 2:
-            old = measure_with_pytest(entries, code, baseline_env)
-            return old, measure_with_pytest(entries, self.root)
-        new = measure_with_pytest(entries, self.root)
-        return measure_with_pytest(entries, code, baseline_env), new
-
-
-def main(argv: Sequence[str] | None = None, remeasure: Remeasure | None = None) -> int:
+def main(argv: Sequence[str] | None = None, measure: Measure | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("benchmark_dir", nargs="?", default=".benchmarks", help="storage")
     parser.add_argument(
@@ -315,7 +177,7 @@ def main(argv: Sequence[str] | None = None, remeasure: Remeasure | None = None) 
         "--threshold-percent",
         type=float,
         default=DEFAULT_THRESHOLD_PERCENT,
-        help="fail on a confirmed slow-down above this (default %(default)s)",
+        help="fail on a slow-down above this (default %(default)s)",
     )
     arguments = parser.parse_args(argv)
     threshold = arguments.threshold_percent / 100
@@ -324,40 +186,51 @@ def main(argv: Sequence[str] | None = None, remeasure: Remeasure | None = None) 
         if not saved:
             raise PlaygroundError("no saved benchmark runs: run `nox -s bench` first")
         baseline, candidate = saved[-1], read_saved_run(Path(arguments.candidate))
-        print(f"time gate: {candidate.path} against {baseline.path}")
         reason = refusal(baseline, candidate)
         if reason:
             raise PlaygroundError(reason)
-        with SideBySide(baseline) as side_by_side:
-            verdicts = judge(baseline, candidate, threshold, remeasure or side_by_side)
-        if side_by_side.note:
-            print(f"time gate: {side_by_side.note}")
+        entries = shared_benchmarks(baseline, candidate)
+        if not entries:
+            raise PlaygroundError(
+                "the two runs share no benchmark (different sizes?); run both with the same "
+                "settings (`nox -s bench`, `nox -s bench_compare`)"
+            )
+        print(
+            f"time gate: {len(entries)} benchmarks in paired rounds, the baseline's commit "
+            f"{baseline.commit} ({baseline.path.name}) against the working tree",
+            flush=True,
+        )
+        if measure is not None:
+            passed, slower, skipped = judge(entries, threshold, measure)
+        else:
+            with tempfile.TemporaryDirectory(prefix="time-gate-baseline-") as folder:
+                code = export_commit(baseline.clean_commit, baseline.commit, Path(folder))
+                device = str(baseline.machine_info.get("device") or "cpu").split(":")[0]
+                with PairedMeasurer(code, ROOT, int(_threads(baseline)), device) as paired:
+                    passed, slower, skipped = judge(entries, threshold, paired.measure)
     except PlaygroundError as error:
         print(f"time gate: {error}", file=sys.stderr)
         return 2
-    if not verdicts:
+    if slower:
         print(
-            "time gate: the two runs share no benchmark (different sizes?); run both with "
-            "the same settings (`nox -s bench`, `nox -s bench_compare`)",
+            f"time gate: FAILED, {len(slower)} of {len(entries)} benchmarks more than "
+            f"{threshold:.0%} slower than on {baseline.commit}:",
+            file=sys.stderr,
+        )
+        for verdict in slower:
+            print(f"  SLOWER   {verdict.benchmark}: {verdict.describe()}", file=sys.stderr)
+        return 1
+    if not passed:
+        print(
+            f"time gate: no benchmark could be timed on both codes ({'; '.join(skipped)})",
             file=sys.stderr,
         )
         return 2
-    slower = [verdict for verdict in verdicts if verdict.slowdown > 1 + threshold]
-    cleared = [v for v in verdicts if len(v.measurements) > 1 and v not in slower]
-    for verdict in cleared:
-        print(f"  cleared  {verdict.describe(threshold)}")
-    for verdict in slower:
-        print(f"  SLOWER   {verdict.describe(threshold)}")
-    if slower:
-        print(
-            f"time gate: FAILED, {len(slower)} of {len(verdicts)} benchmarks slower by more "
-            f"than {threshold:.0%} in every measurement",
-            file=sys.stderr,
-        )
-        return 1
+    worst = max(passed, key=lambda verdict: verdict.slowdown, default=None)
     print(
-        f"time gate: passed, no confirmed slow-down above {threshold:.0%} in {len(verdicts)} "
-        f"benchmarks ({len(cleared)} suspects cleared by re-measuring)"
+        f"time gate: passed, no slow-down above {threshold:.0%} in {len(passed)} benchmarks"
+        + (f" (slowest {worst.benchmark}: {worst.slowdown - 1:+.0%})" if worst else "")
+        + (f"; {len(skipped)} skipped" if skipped else "")
     )
     return 0
 
