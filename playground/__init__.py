@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from playground.config import VariantConfig, require_positive, require_range
+from playground.config import VariantConfig, picture_width, require_positive, require_range
 from playground.contract import AttentionOutput, AttentionVariant, Capabilities
 from playground.errors import (
     ConfigError,
@@ -69,6 +69,7 @@ __all__ = [
     "get_variant",
     "hookimpl",
     "list_variants",
+    "picture_width",
     "require_positive",
     "require_range",
 ]

@@ -183,7 +183,7 @@ def _execute(registry: Registry, store: RunStore, spec, overrides: dict) -> int:
         return _interrupted(store)
     count, completed = runner.run()
     try:  # a second Ctrl-C (while the figures are drawn, say) ends with the same hint
-        lines = write_summary(store)
+        lines = write_summary(store, runner.spec.baseline)
         print_summary(lines, console)
         print_accuracy(store.rows(), console)
         if store.rows():

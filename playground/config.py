@@ -50,6 +50,13 @@ def require_range(
         raise ValueError(f"{name} must be in [{low}, {high}{closing}; got {value}")
 
 
+def picture_width(value: int, seq_len: int) -> int:
+    """A width (a window, a number of slots) fitted to a picture of `seq_len` tokens, for
+    `AttentionVariant.picture_options`: at most a quarter of the picture, so that what is
+    outside it shows, and at least 2."""
+    return max(2, min(value, seq_len // 4))
+
+
 @dataclass(frozen=True)
 class OptionInfo:
     """One option of a variant, as `playground info` shows it."""

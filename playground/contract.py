@@ -88,6 +88,9 @@ class AttentionVariant(nn.Module):
     colour: ClassVar[str | None] = None
     """The variant's colour in every figure (a matplotlib colour such as "#1f77b4");
     None: one derived stably from its name."""
+    display_name: ClassVar[str | None] = None
+    """How legends, tables and the report name the variant ("T5 relative bias"); None:
+    its registry name."""
     check_options: ClassVar[dict[str, Any]] = {}
     """Options the contract suite builds the variant with, so that its small inputs
     exercise what is special about it (a window shorter than the sequence, say)."""
@@ -319,6 +322,32 @@ class AttentionVariant(nn.Module):
         """Extra forward arguments that give the tokens marked in `is_global` (B, N) bool
         global attention (a [CLS] token a sequence is classified from). The default: none,
         for a variant without global tokens."""
+        return {}
+
+    @classmethod
+    def picture_options(cls, options: dict[str, Any], seq_len: int) -> dict[str, Any]:
+        """The options to draw this variant's attention pattern with on a picture of
+        `seq_len` tokens, so that what is special about it shows (a window narrower than
+        the picture, say). The default is `fit_options`."""
+        return cls.fit_options(options, seq_len)
+
+    def pattern_weights(self, query: torch.Tensor) -> tuple[torch.Tensor, str] | None:
+        """For a variant that cannot return exact weights (`need_weights`): what the
+        patterns figure draws instead, as (B, H, Nq, M) weights of self-attention on
+        `query` and what their M columns are ("projected slot"). The default: nothing."""
+        return None
+
+    def logit_bias(self, n_q: int, n_k: int) -> torch.Tensor | None:
+        """The (1, H, n_q, n_k) bias this instance adds to its attention scores by
+        position alone (a relative position bias), for the bias figure; None when it
+        adds none (the default)."""
+        return None
+
+    def reference_parameters(self) -> dict[str, str]:
+        """Parameters of this variant that start from a parameter of exact attention of
+        another name, {own name: exact attention's name}, so that fidelity compares like
+        with like (a second set of projections initialised from the first, say).
+        Parameters named as in exact attention are copied without being listed here."""
         return {}
 
     def special_sizes(self) -> tuple[int, ...]:

@@ -1,8 +1,9 @@
 """How close a variant comes to exact softmax attention with the same weights.
 
-The exact attention is one `vanilla` instance; its q/k/v/out projection weights are copied
-into the variant by parameter name (and into `*_global_proj` parameters from the matching
-local ones, which is how Longformer initialises them, §3.1). Both then run on the same
+The exact attention is one `ExactAttention` instance (the core's softmax attention, no
+mods); its q/k/v/out projection weights are copied into the variant by parameter name,
+and into the parameters the variant maps to them (`AttentionVariant.reference_parameters`:
+a second set of projections that starts as a copy of the first, say). Both then run on the same
 inputs, self-attention without masks, in eval mode:
 
 - random: i.i.d. N(0, 1) tokens with the vanilla instance's weights as initialised. Random
@@ -27,9 +28,8 @@ from typing import Any
 import torch
 
 from playground.contract import AttentionVariant
-from playground.registry import Registry
+from playground.softmax_attention import ExactAttention
 
-REFERENCE = "vanilla"
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "out_proj")
 
 
@@ -63,11 +63,12 @@ def copy_reference_weights(reference: AttentionVariant, variant: AttentionVarian
             f"variant {variant.name!r} has no {', '.join(missing)} (nn.Linear named as in the "
             f"contract, docs/design.md), so its weights cannot be shared with exact attention"
         )
-    update = {}
-    for key, value in target.items():
-        local_key = key.replace("_global_proj.", "_proj.")
-        if local_key in source and source[local_key].shape == value.shape:
-            update[key] = source[local_key]
+    names = {key: key for key in target} | variant.reference_parameters()
+    update = {
+        key: source[names[key]]
+        for key, value in target.items()
+        if names.get(key) in source and source[names[key]].shape == value.shape
+    }
     variant.load_state_dict(update, strict=False)
 
 
@@ -105,7 +106,6 @@ def mean_attention_distance(
 @torch.no_grad()
 def measure_fidelity(
     variant: AttentionVariant,
-    registry: Registry,
     seq_len: int,
     batch_size: int,
     seed: int,
@@ -115,8 +115,7 @@ def measure_fidelity(
     """Fidelity fields for a row: fidelity_{rel_error,cosine,max_abs_error} on random
     inputs, fidelity_local_* on local ones (see the module docstring)."""
     torch.manual_seed(seed)
-    reference = registry.build(REFERENCE, variant.d_model, variant.num_heads)
-    reference = reference.to(device, dtype).eval()
+    reference = ExactAttention(variant.d_model, variant.num_heads).to(device, dtype).eval()
     variant.eval()
     generator = torch.Generator().manual_seed(seed)
     shape = (batch_size, seq_len, variant.d_model)

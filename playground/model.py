@@ -43,7 +43,7 @@ class ModelConfig:
     max_seq_len: int
     """Longest sequence: sizes the positional table and what the variant fits to a length
     (its `fit_options`)."""
-    variant: str = "vanilla"
+    variant: str
     """Registered attention variant used in every layer."""
     variant_options: dict[str, Any] = field(default_factory=dict)
     """Options of that variant (as `playground.build` takes them)."""

@@ -155,7 +155,7 @@ def _sections(run: Run) -> list[tuple[str, Table]]:
     """(title, table) of every table section that has rows."""
     sections = []
     if run.measurements:
-        lines = summarize(run.measurements)
+        lines = summarize(run.measurements, run.spec.get("baseline"))
         sections.append(
             ("Summary (median time; peak memory above the inputs)", summary_table(lines))
         )

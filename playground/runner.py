@@ -355,7 +355,6 @@ class Runner:
                 fields.update(
                     measure_fidelity(
                         module,
-                        self.registry,
                         cell.seq_len,
                         spec.batch_size,
                         spec.seed,

@@ -124,6 +124,18 @@ class SoftmaxAttention(AttentionVariant):
         """True where query q_idx may attend to key kv_idx; the default allows all."""
         return torch.ones_like(q_idx >= kv_idx)
 
+    def logit_bias(self, n_q: int, n_k: int) -> torch.Tensor | None:
+        """An additive `score_mod`'s f(b, h, q_idx, kv_idx) for batch element 0: the
+        bias figure draws it. None for a score_mod that is not additive, or none."""
+        if not (self._has_score_mod and self.additive_score_mod):
+            return None
+        device = next(self.parameters()).device
+        b, h, q_idx, kv_idx = index_grid(
+            1, self.num_heads, torch.arange(n_q, device=device), torch.arange(n_k, device=device)
+        )
+        zero = torch.zeros((), device=device)
+        return self.score_mod(zero, b, h, q_idx, kv_idx).expand(1, self.num_heads, n_q, n_k)
+
     @property
     def _has_score_mod(self) -> bool:
         return type(self).score_mod is not SoftmaxAttention.score_mod
@@ -299,6 +311,16 @@ class SoftmaxAttention(AttentionVariant):
         )  # (B, H, Nq, d), (B, H, Nq); a query that sees nothing gets 0 and lse −inf
         empty = torch.isneginf(log_sum_exp).all(dim=1)[..., None]  # (B, Nq, 1)
         return AttentionOutput(project_output(self, context, empty), None)
+
+
+class ExactAttention(SoftmaxAttention):
+    """Softmax attention with nothing changed: what fidelity and the patterns figure
+    compare every variant against. Part of the core, not a registered variant, so that
+    the comparison does not depend on which plugins are installed."""
+
+    name = "exact"
+    summary = "exact multi-head softmax attention"
+    paper = "Vaswani et al. 2017, Attention Is All You Need, §3.2"
 
 
 @functools.cache

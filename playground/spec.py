@@ -13,6 +13,7 @@ before anything runs. An error names the file and the key and says what would be
     measures = ["speed", "memory", "fidelity"]
     seed = 0
     threads = 2                          # torch threads to measure with (default: torch's own)
+    baseline = "vanilla"                 # speed-ups are against this variant point (default: none)
 
     [timing]
     min_run_time = 0.2                   # seconds of timed runs per cell (after warm-up)
@@ -125,6 +126,8 @@ class Spec:
     tasks: tuple[TaskRun, ...] = ()
     variant_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The [options.NAME] tables: applied to NAME wherever it runs."""
+    baseline: str | None = None
+    """The variant point (its label) that speed-ups are measured against; None: none."""
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -146,6 +149,7 @@ _TOP_LEVEL: dict[str, Any] = {
     "measures": list[str],
     "seed": int,
     "threads": int,
+    "baseline": str,
     "timing": dict,
     "tasks": list,
 }
@@ -300,6 +304,14 @@ def load_spec(path: str | Path, registry: Registry) -> Spec:
     if repeated:
         fail("tasks", f"the task {repeated} is listed more than once; remove the repeated table")
 
+    baseline = data.get("baseline")
+    labels = [variant.label for variant in variants]
+    if baseline is not None and baseline not in labels:
+        fail(
+            "baseline",
+            f"{baseline!r} is not one of the spec's variant points" + _suggest(baseline, labels),
+        )
+
     return Spec(
         name=data["name"],
         path=path,
@@ -319,6 +331,7 @@ def load_spec(path: str | Path, registry: Registry) -> Spec:
         min_run_time=float(timing.get("min_run_time", Spec.min_run_time)),
         tasks=tasks,
         variant_options=overrides,
+        baseline=baseline,
     )
 
 
@@ -374,6 +387,8 @@ def apply_overrides(spec: Spec, registry: Registry, overrides: dict[str, Any]) -
                 or expand_variant(name, spec.variant_options.get(name, {}), registry, "--variants")
             )
         changes["variants"] = tuple(chosen)
+        if spec.baseline not in {variant.label for variant in chosen}:
+            changes["baseline"] = None  # not run: no speed-ups rather than an error
     return dataclasses.replace(spec, **changes)
 
 

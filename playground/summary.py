@@ -1,5 +1,5 @@
 """What a run's rows say, condensed: one line per (variant point, pass, n) with the
-speed-up over vanilla at the same n, and the fitted log-log exponents of time and memory
+speed-up over the spec's baseline variant point at the same n, and the fitted log-log exponents of time and memory
 over n per (variant point, pass). Written to summary.csv and printed as tables."""
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from rich.table import Table
 from playground.measure import fit_exponent
 from playground.results import ACCURACY, SUMMARY, RunStore
 
-BASELINE = "vanilla"
 OK = "ok"
 PASS_TITLES = {"forward": "forward", "forward_backward": "forward + backward"}
 """How a pass is named in tables, figure titles and legends."""
@@ -35,7 +34,8 @@ class Line:
     time_iqr_ms: float | None
     peak_memory_mib: float | None
     efficiency: float | None
-    speedup_vs_vanilla: float | None
+    speedup_vs_baseline: float | None
+    """The baseline's time over this line's, at the same pass and n."""
     fidelity_rel_error: float | None
     fidelity_local_rel_error: float | None
     fidelity_cosine: float | None
@@ -59,7 +59,9 @@ def exponents(rows: Iterable[dict[str, Any]]) -> tuple[float | None, float | Non
     return fit("time_ms"), fit("peak_memory_bytes")
 
 
-def summarize(rows: list[dict[str, Any]]) -> list[Line]:
+def summarize(rows: list[dict[str, Any]], baseline: str | None = None) -> list[Line]:
+    """The lines of a run's measurement rows; speed-ups against the variant point
+    labelled `baseline` (the spec's), none without one."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in rows:
         if "task" in row:
@@ -69,7 +71,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[Line]:
         (row["pass"], row["seq_len"]): row["time_ms"]
         for row in rows
         if "task" not in row
-        and row["label"] == BASELINE
+        and row["label"] == baseline
         and row["status"] == "ok"
         and row.get("time_ms")
     }
@@ -91,7 +93,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[Line]:
                     time_iqr_ms=row.get("time_iqr_ms"),
                     peak_memory_mib=None if memory is None else memory / 2**20,
                     efficiency=row.get("efficiency"),
-                    speedup_vs_vanilla=reference / time_ms if reference and time_ms else None,
+                    speedup_vs_baseline=reference / time_ms if reference and time_ms else None,
                     fidelity_rel_error=row.get("fidelity_rel_error"),
                     fidelity_local_rel_error=row.get("fidelity_local_rel_error"),
                     fidelity_cosine=row.get("fidelity_cosine"),
@@ -134,11 +136,11 @@ def _csv(columns: list[str], rows: Iterable[dict[str, Any]]) -> str:
     return text.getvalue()
 
 
-def write_summary(store: RunStore) -> list[Line]:
+def write_summary(store: RunStore, baseline: str | None = None) -> list[Line]:
     """Derive summary.csv (costs) and accuracy.csv (tasks) from results.jsonl (again:
     they are always recomputable)."""
     rows = store.rows()
-    lines = summarize(rows)
+    lines = summarize(rows, baseline)
     store.write_text(SUMMARY, _csv(list(Line.__dataclass_fields__), map(asdict, lines)))
     accuracy = accuracy_rows(rows)
     if accuracy:
@@ -180,7 +182,7 @@ SUMMARY_COLUMNS = (
     "IQR ms",
     "peak MiB",
     "efficiency",
-    "vs vanilla",
+    "vs baseline",
     "rel err",
     "rel err local",
     "cosine",
@@ -191,7 +193,7 @@ EXPONENT_COLUMNS = ("variant", "pass", "time exponent", "memory exponent")
 
 def summary_cells(line: Line) -> list[str]:
     """One Line as the text of SUMMARY_COLUMNS (the terminal table and the report)."""
-    speedup = line.speedup_vs_vanilla
+    speedup = line.speedup_vs_baseline
     return [
         line.label,
         line.pass_name,

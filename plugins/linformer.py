@@ -195,6 +195,18 @@ class LinformerAttention(AttentionVariant):
             return dict(options)
         return {**options, "seq_len": seq_len}
 
+    @classmethod
+    def picture_options(cls, options: dict, seq_len: int) -> dict:
+        """E and F sized for the picture, with k a quarter of it so the slots show."""
+        return {
+            **options,
+            "seq_len": seq_len,
+            "k": playground.picture_width(options.get("k", 256), seq_len),
+        }
+
+    def pattern_weights(self, query: torch.Tensor) -> tuple[torch.Tensor, str]:
+        return self.slot_weights(query), "projected slot (of k)"
+
     def share_with_first_layer(self, first) -> tuple[str, ...]:
         """§4 "layerwise sharing": one projection for every layer of the stack."""
         if self.config.sharing != "layerwise":

@@ -137,6 +137,24 @@ class LongformerAttention(AttentionVariant):
     def global_token_arguments(self, is_global: torch.Tensor) -> dict:
         return {"global_attention_mask": is_global}
 
+    @classmethod
+    def picture_options(cls, options: dict, seq_len: int) -> dict:
+        """A window narrower than the picture, and the global tokens inside it."""
+        fitted = dict(options)
+        fitted["attention_window"] = playground.picture_width(
+            options.get("attention_window", 512), seq_len
+        )
+        fitted["global_tokens"] = [p for p in options.get("global_tokens", ()) if p < seq_len]
+        return fitted
+
+    def reference_parameters(self) -> dict[str, str]:
+        """The global projections start as copies of the local ones (§3.1)."""
+        return {
+            f"{name}_global_proj.{part}": f"{name}_proj.{part}"
+            for name in "qkv"
+            for part in ("weight", "bias")
+        }
+
     def _token_roles(
         self, x: torch.Tensor, attention_mask: torch.Tensor | None, global_attention_mask
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -40,6 +40,10 @@ class SlidingWindowAttention(playground.SoftmaxAttention):
         pairs = sum(max(0, min(i + window, n_k) - max(i - window + 1, 0)) for i in range(n_q))
         return projection_flops(n_q, n_k, d_model) + attention_flops(pairs, d_model)
 
+    @classmethod
+    def picture_options(cls, options, seq_len):
+        return {**options, "window": playground.picture_width(options.get("window", 512), seq_len)}
+
     def mask_mod(self, b, h, q_idx, kv_idx):
         return (q_idx - kv_idx).abs() < self.config.window
 

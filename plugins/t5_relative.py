@@ -183,6 +183,9 @@ class T5RelativeAttention(AttentionVariant):
         self.share_relative_bias_with(first)
         return ("relative_bias",)
 
+    def logit_bias(self, n_q: int, n_k: int) -> torch.Tensor:
+        return self.compute_bias(n_q, n_k)
+
     def compute_bias(
         self,
         query_length: int,

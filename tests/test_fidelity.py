@@ -18,7 +18,7 @@ def registry():
 
 def fidelity(registry, name, **options):
     variant = registry.build(name, D_MODEL, HEADS, **options)
-    return measure_fidelity(variant, registry, N, batch_size=2, seed=0)
+    return measure_fidelity(variant, N, batch_size=2, seed=0)
 
 
 def test_vanilla_against_itself_is_exact(registry):

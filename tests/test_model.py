@@ -152,7 +152,9 @@ def test_a_task_needing_what_a_variant_lacks_is_unsupported(
 
 
 def test_a_causal_model_never_looks_ahead():
-    config = ModelConfig(vocab_size=16, num_classes=4, max_seq_len=12, causal=True)
+    config = ModelConfig(
+        vocab_size=16, num_classes=4, max_seq_len=12, variant="vanilla", causal=True
+    )
     model = TransformerClassifier(config, Registry.discover(entry_points=False)).eval()
     tokens = torch.randint(1, 16, (2, 12))
     changed = tokens.clone()

@@ -82,6 +82,10 @@ def spec_file(tmp_path):
         ('measures = ["accuracy"]\n', r"key 'tasks': measures include 'accuracy' but no tasks"),
         ('[[variants]]\nname = "vanila"\n', r"variants\[0\]\.name.*did you mean 'vanilla'"),
         (
+            'baseline = "vanila"\n',
+            r"key 'baseline': 'vanila' is not one of the spec's variant points; did you mean",
+        ),
+        (
             '[[variants]]\nname = "vanilla"\nwindow = 3\n',
             r"variants\[0\]: variant 'vanilla' has no option 'window'",
         ),
@@ -254,12 +258,13 @@ def test_exponents_on_synthetic_timings():
     assert exponents(rows[:1]) == (None, None)
 
 
-def test_summary_speedup_is_against_vanilla_at_the_same_n():
+def test_summary_speedup_is_against_the_baseline_at_the_same_n():
     rows = synthetic_rows("vanilla", [2, 8, 32], [1, 4, 16]) + synthetic_rows(
         "fast", [1, 2, 4], [1, 2, 4]
     )
-    lines = [line for line in summarize(rows) if line.label == "fast"]
-    assert [line.speedup_vs_vanilla for line in lines] == [2, 4, 8]
+    lines = [line for line in summarize(rows, "vanilla") if line.label == "fast"]
+    assert [line.speedup_vs_baseline for line in lines] == [2, 4, 8]
+    assert all(line.speedup_vs_baseline is None for line in summarize(rows))  # no baseline
     assert lines[0].time_exponent == pytest.approx(1.0)
 
 

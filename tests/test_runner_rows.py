@@ -197,7 +197,7 @@ def test_invalid_rows_are_not_measurements_in_the_summary(registry, spec_file, t
     lines = {(line.label, line.pass_name): line for line in summarize(store.rows())}
     broken = lines[("nan_output", "forward")]
     assert broken.status == "invalid" and broken.time_ms is None
-    assert broken.speedup_vs_vanilla is None and broken.time_exponent is None
+    assert broken.speedup_vs_baseline is None and broken.time_exponent is None
     assert lines[("vanilla", "forward")].status == "ok"
 
 

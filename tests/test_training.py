@@ -54,6 +54,7 @@ def test_a_tiny_vanilla_run_beats_chance(
         vocab_size=task.vocab_size,
         num_classes=task.num_classes,
         max_seq_len=task.seq_len,
+        variant="vanilla",
         d_model=32,
         num_heads=2,
         target=task.target,

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from playground.errors import PlaygroundError
+from playground.registry import default_registry
 from playground.results import ENV, ROWS, SPEC, RunStore
-from playground.summary import BASELINE
 
 OK = "ok"
 _MISSING = "<not set>"
@@ -76,13 +76,13 @@ class Run:
         return [row for row in self.rows if row.get("status", OK) != OK]
 
     def labels(self, rows: Iterable[dict[str, Any]] | None = None) -> list[str]:
-        """Series labels in a stable order: the baseline (vanilla) first, then by variant
+        """Series labels in a stable order: the spec's baseline first, then by variant
         name, then by point."""
         chosen = {row["label"] for row in (self.rows if rows is None else rows)}
 
         def order(label: str) -> tuple[bool, str, int]:
             series = self.series[label]
-            return (series.variant != BASELINE, series.variant, series.point)
+            return (label != self.spec.get("baseline"), series.variant, series.point)
 
         return sorted(chosen, key=order)
 
@@ -142,6 +142,13 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
+def declared(variant: str, attribute: str) -> Any:
+    """What the variant's class declares for a display ClassVar (`display_name`,
+    `colour`); None when it declares nothing or is no longer registered (an old run)."""
+    info = default_registry().variants.get(variant)
+    return getattr(info.cls, attribute, None) if info is not None else None
+
+
 def make_series(rows: list[dict[str, Any]]) -> dict[str, Series]:
     """label -> Series for every label in `rows`, points ordered by their swept values."""
     swept = swept_options(rows)
@@ -164,7 +171,8 @@ def make_series(rows: list[dict[str, Any]]) -> dict[str, Series]:
             options = dict(first[label].get("options") or {})
             shown = [f"{name}={format_value(options[name])}" for name in names if name in options]
             # Points that differ in nothing the options show keep their full label.
-            legend = " ".join([variant, *shown]) if shown or len(labels) == 1 else label
+            name = declared(variant, "display_name") or variant
+            legend = " ".join([name, *shown]) if shown or len(labels) == 1 else label
             series[label] = Series(label, variant, options, legend, point, len(labels))
     return series
 

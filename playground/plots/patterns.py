@@ -1,21 +1,21 @@
 """What each variant attends to: its actual attention weights on a short sequence (head 0)
 above the mask it used, side by side, and T5's relative position bias per head.
 
-Every variant of the run is rebuilt from its first point's options, shortened to
-`PATTERN_LENGTH` tokens (a window narrower than the sequence so the band shows, Linformer's
-seq_len cut to fit and k to a quarter of it). All share one vanilla instance's projections
-with W_k = W_q and see AR(1) tokens, the "local" inputs of `playground.fidelity`: exact
-attention is then visibly local, so a band or a low-rank mix stands out against it.
+Every variant of the run is rebuilt from its first point's options as fitted to a
+`PATTERN_LENGTH`-token picture by its `picture_options` hook (a window narrower than the
+picture, so the band shows). All share the projections of one exact attention instance
+(`ExactAttention`) with W_k = W_q and see AR(1) tokens, the "local" inputs of
+`playground.fidelity`: exact attention is then visibly local, so a band or a low-rank mix
+stands out against it.
 
-A variant that cannot return weights but offers `slot_weights(query)` (Linformer: the
-probabilities over its k projected slots) is drawn from that; any other says so in its
-panel. The mask is where the weights are non-zero (the contract gives masked keys exactly
+A variant that cannot return weights is drawn from its `pattern_weights` hook when it
+has one (probabilities over projected slots, say); any other says so in its panel. The
+bias figure draws the `logit_bias` of the first variant of the run that has one. The mask is where the weights are non-zero (the contract gives masked keys exactly
 zero weight; float64 keeps real keys from underflowing).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -27,30 +27,16 @@ from matplotlib.figure import Figure
 
 from playground.contract import AttentionVariant
 from playground.errors import PlaygroundError
-from playground.fidelity import LOCAL_SCALE, REFERENCE, copy_reference_weights, local_tokens
-from playground.plots.data import Run, format_value
+from playground.fidelity import LOCAL_SCALE, copy_reference_weights, local_tokens
+from playground.plots.data import Run, declared, format_value
 from playground.plots.style import PANEL_SIZE, finish, variant_colour
 from playground.registry import Registry, default_registry
+from playground.softmax_attention import ExactAttention
 
 PATTERN_LENGTH = 64
 MASKED = "#f2f2f2"
 MASK_COLOURS = ListedColormap([MASKED, "#303030"])  # masked, seen
 WEIGHT_COLOURS = colormaps["viridis"].with_extremes(bad=MASKED)  # NaN: a masked pair
-
-
-def short_options(options: dict[str, Any], n: int) -> dict[str, Any]:
-    """A variant point's options fitted to an n-token picture: windows and Linformer's k
-    at most n/4 (so a band or the slots are visible), seq_len exactly n, global tokens
-    inside the sequence."""
-    fitted = dict(options)
-    for name in ("attention_window", "window", "k"):
-        if isinstance(fitted.get(name), int):
-            fitted[name] = max(2, min(fitted[name], n // 4))
-    if isinstance(fitted.get("seq_len"), int):
-        fitted["seq_len"] = n
-    if isinstance(fitted.get("global_tokens"), (list, tuple)):
-        fitted["global_tokens"] = [p for p in fitted["global_tokens"] if p < n]
-    return fitted
 
 
 def _build(
@@ -68,9 +54,9 @@ def _weights(module: AttentionVariant, tokens: torch.Tensor) -> tuple[torch.Tens
     with torch.no_grad():
         if module.capabilities.need_weights:
             return module(tokens, need_weights=True).weights[0, 0], "key position j"
-        slot_weights: Callable[..., torch.Tensor] | None = getattr(module, "slot_weights", None)
-        if slot_weights is not None:
-            return slot_weights(tokens)[0, 0], "projected slot (of k)"
+        drawn = module.pattern_weights(tokens)
+        if drawn is not None:
+            return drawn[0][0, 0], drawn[1]
     return None, ""
 
 
@@ -101,7 +87,7 @@ def attention_pattern_figure(
     for row in run.rows:
         points.setdefault(row["variant"], row.get("options") or {})
     torch.manual_seed(int(run.spec.get("seed", 0)))
-    reference = registry.build(REFERENCE, d_model, num_heads).double()
+    reference = ExactAttention(d_model, num_heads).double()
     reference.k_proj.load_state_dict(reference.q_proj.state_dict())  # a score is a similarity
     generator = torch.Generator().manual_seed(int(run.spec.get("seed", 0)))
     tokens = LOCAL_SCALE * local_tokens((1, n, d_model), generator).double()
@@ -116,7 +102,8 @@ def attention_pattern_figure(
     for column, (name, original) in enumerate(points.items()):
         top, bottom = grid[0, column], grid[1, column]
         try:
-            module, options = _build(registry, name, short_options(original, n), d_model, num_heads)
+            fitted = registry.get(name).picture_options(original, n)
+            module, options = _build(registry, name, fitted, d_model, num_heads)
             module = module.double().eval()
             try:
                 copy_reference_weights(reference, module)
@@ -142,7 +129,8 @@ def attention_pattern_figure(
             interpolation="nearest",
         )
         figure.colorbar(image, ax=top, shrink=0.8, label="weight")
-        top.set_title(_panel_title(name, options, original), fontsize=9, color=variant_colour(name))
+        title = _panel_title(declared(name, "display_name") or name, options, original)
+        top.set_title(title, fontsize=9, color=variant_colour(name))
         bottom.imshow(
             seen, cmap=MASK_COLOURS, vmin=0, vmax=1, aspect="auto", interpolation="nearest"
         )
@@ -162,51 +150,50 @@ def attention_pattern_figure(
     return figure
 
 
+BIAS_HEADS = 4
+"""Heads drawn per variant in the bias figure, spread evenly over its heads."""
+
+
 def relative_bias_figure(
     run: Run, registry: Registry | None = None, n: int = PATTERN_LENGTH
 ) -> Figure | None:
-    """Per head, the bias a variant with `compute_bias(q_len, k_len)` adds to its logits
-    (T5), as initialised; None when no variant of the run has one."""
+    """Per variant of the run whose `logit_bias` hook gives one, the bias it adds to its
+    scores by position alone, as initialised, for a few heads; None when none does."""
     registry = registry or default_registry()
     first = run.rows[0]
     d_model, num_heads = int(first.get("d_model", 64)), int(first.get("num_heads", 4))
+    points: dict[str, dict[str, Any]] = {}
     for row in run.rows:
-        cls = registry.get(row["variant"]) if row["variant"] in registry.names() else None
-        if cls is not None and hasattr(cls, "compute_bias"):
-            break
-    else:
-        return None
-    torch.manual_seed(int(run.spec.get("seed", 0)))
-    module, _ = _build(
-        registry, row["variant"], short_options(row.get("options") or {}, n), d_model, num_heads
-    )
-    with torch.no_grad():
-        bias = module.compute_bias(n, n)[0].double().numpy()  # (H, n, n)
-    columns = min(4, len(bias))
-    lines = -(-len(bias) // columns)
-    figure = Figure(figsize=(columns * 3.0 + 1.2, lines * 2.9 + 1.0), layout="constrained")
-    grid = figure.subplots(lines, columns, squeeze=False)
-    figure.suptitle(
-        f"{row['variant']}: relative position bias per head on {n} tokens (as initialised)"
-    )
-    limit = float(np.abs(bias).max()) or 1.0
-    for head, axes in enumerate(grid.flat):
-        if head >= len(bias):
-            axes.set_visible(False)
+        if row["variant"] in registry.names():
+            points.setdefault(row["variant"], row.get("options") or {})
+    biases: dict[str, np.ndarray] = {}
+    for name, original in points.items():
+        torch.manual_seed(int(run.spec.get("seed", 0)))
+        fitted = registry.get(name).picture_options(original, n)
+        try:
+            module, _ = _build(registry, name, fitted, d_model, num_heads)
+            with torch.no_grad():
+                bias = module.logit_bias(n, n)
+        except Exception:
             continue
-        image = axes.imshow(
-            bias[head], cmap="RdBu_r", vmin=-limit, vmax=limit, interpolation="nearest"
-        )
-        axes.set_title(f"head {head}", fontsize=9)
-        axes.set_xlabel("key position j")
-        axes.set_ylabel("query position i")
-    figure.colorbar(image, ax=grid, shrink=0.7, label="bias added to the logit")
-    finish(
-        figure,
-        run,
-        [
-            "constant along each diagonal j − i; exact buckets near the diagonal, "
-            "log-spaced further away (T5 §2.1)"
-        ],
-    )
+        if bias is not None:
+            biases[name] = bias[0].double().numpy()  # (H, n, n)
+    if not biases:
+        return None
+    columns = min(BIAS_HEADS, num_heads)
+    heads = np.linspace(0, num_heads - 1, columns).round().astype(int)
+    figure = Figure(figsize=(columns * 3.0 + 1.2, len(biases) * 2.9 + 1.0), layout="constrained")
+    grid = figure.subplots(len(biases), columns, squeeze=False)
+    figure.suptitle(f"Bias added to the scores by position, on {n} tokens (as initialised)")
+    for line, (name, bias) in zip(grid, biases.items(), strict=True):
+        limit = float(np.abs(bias).max()) or 1.0
+        for axes, head in zip(line, heads, strict=True):
+            image = axes.imshow(
+                bias[head], cmap="RdBu_r", vmin=-limit, vmax=limit, interpolation="nearest"
+            )
+            axes.set_title(f"{name}, head {head}", fontsize=9, color=variant_colour(name))
+            axes.set_xlabel("key position j")
+            axes.set_ylabel("query position i")
+        figure.colorbar(image, ax=line, shrink=0.7, label="bias")
+    finish(figure, run, ["each variant's `logit_bias`; its own colour scale per row"])
     return figure

@@ -19,8 +19,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import LogFormatter
 from matplotlib.transforms import blended_transform_factory
 
-from playground.plots.data import Run, Series
-from playground.registry import default_registry
+from playground.plots.data import Run, Series, declared
 from playground.summary import PASS_TITLES
 
 __all__ = ["PASS_TITLES"]  # re-exported: the figures and the benchmark history use it
@@ -59,11 +58,7 @@ def variant_colour(variant: str) -> str:
     """A variant's colour, the same in every figure and run: the one its class declares
     (`AttentionVariant.colour`), else one from a hash of its name (also for a variant of
     an old run that is no longer registered)."""
-    cls = default_registry().variants.get(variant)
-    declared = getattr(cls.cls, "colour", None) if cls is not None else None
-    if declared:
-        return declared
-    return PALETTE[zlib.crc32(variant.encode()) % len(PALETTE)]
+    return declared(variant, "colour") or PALETTE[zlib.crc32(variant.encode()) % len(PALETTE)]
 
 
 def shade(variant: str, index: int, count: int) -> tuple[float, float, float]:
