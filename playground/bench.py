@@ -96,7 +96,7 @@ def _main(argv: list[str] | None) -> None:
         action="append",
         default=[],
         metavar="VARIANT.KEY=VALUE",
-        help="a variant option, value in TOML syntax, e.g. linformer.seq_len=16384 (repeatable)",
+        help="a variant option, value in TOML syntax, e.g. NAME.OPTION=256 (repeatable)",
     )
     arguments = parser.parse_args(argv)
     options: dict[str, dict] = {}

@@ -120,11 +120,11 @@ def command_check(registry: Registry, arguments: argparse.Namespace) -> int:
         return 2
     names = registry.names() if arguments.all else arguments.names
     classes = [registry.get(name) for name in names]  # unknown names fail before any check
-    checks = [c for c in CHECKS if not arguments.k or arguments.k in c.__name__]
+    checks = [c for c in CHECKS if not arguments.selection or arguments.selection in c.__name__]
     if not checks:
         names = ", ".join(check.__name__ for check in CHECKS)
         error_console.print(
-            f"no check name contains {escape(arguments.k)!r}; -k selects among: {names}",
+            f"no check name contains {escape(arguments.selection)!r}; -k selects among: {names}",
             soft_wrap=True,
         )
         return 2
@@ -409,7 +409,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("names", nargs="*", metavar="NAME", help="variants to check")
     check.add_argument("--all", action="store_true", help="check every registered variant")
-    check.add_argument("-k", metavar="TEXT", help="only checks whose name contains TEXT")
+    check.add_argument(
+        "-k", dest="selection", metavar="TEXT", help="only checks whose name contains TEXT"
+    )
     check.add_argument("-v", "--verbose", action="store_true", help="list passed checks too")
     check.set_defaults(handler=command_check)
 

@@ -317,7 +317,7 @@ class Registry:
     def get(self, name: str) -> type[AttentionVariant]:
         if not isinstance(name, str):
             raise ConfigError(
-                f"a variant is named by a string such as 'vanilla'; got {name!r} "
+                f"a variant is named by its registered name, a string; got {name!r} "
                 f"({type(name).__name__}). Registered: {', '.join(self.names()) or '(none)'}"
             )
         if name in self.duplicates:

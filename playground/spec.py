@@ -283,7 +283,10 @@ def load_spec(path: str | Path, registry: Registry) -> Spec:
         if isinstance(entry, str):
             entry = {"name": entry}
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-            raise SpecError(f'{where}: each variant needs a name, e.g. {{ name = "vanilla" }}')
+            raise SpecError(
+                f'{where}: each variant needs a name, e.g. {{ name = "NAME" }} with NAME one of '
+                f"{', '.join(registry.names()) or '(none registered)'}"
+            )
         name = entry["name"]
         _check_variant_name(name, registry, path, f"variants[{index}].name")
         options = {**overrides.get(name, {}), **{k: v for k, v in entry.items() if k != "name"}}

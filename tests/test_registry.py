@@ -240,5 +240,5 @@ def test_a_broken_class_is_refused_at_registration_naming_its_file(write_plugin,
 
 @pytest.mark.parametrize("name", [None, 3, ["vanilla"]])
 def test_a_name_that_is_not_a_string_is_a_clear_error(name):
-    with pytest.raises(playground.ConfigError, match=r"named by a string such as 'vanilla'"):
+    with pytest.raises(playground.ConfigError, match=r"named by its registered name, a string"):
         playground.build(name)

@@ -134,7 +134,7 @@ def resolve_variant(
     if isinstance(variant, type) and issubclass(variant, AttentionVariant):
         return variant
     raise ConfigError(
-        f"the contract suite checks a registered variant name (a str such as 'vanilla') or "
+        f"the contract suite checks a registered variant name (a str) or "
         f"an AttentionVariant subclass; got {variant!r} ({type(variant).__name__})"
     )
 
