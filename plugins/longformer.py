@@ -149,10 +149,13 @@ class LongformerAttention(AttentionVariant):
 
     def reference_parameters(self) -> dict[str, str]:
         """The global projections start as copies of the local ones (§3.1)."""
+        pairs = (
+            ("q_global_proj", "q_proj"),
+            ("k_global_proj", "k_proj"),
+            ("v_global_proj", "v_proj"),
+        )
         return {
-            f"{name}_global_proj.{part}": f"{name}_proj.{part}"
-            for name in "qkv"
-            for part in ("weight", "bias")
+            f"{g}.{part}": f"{local}.{part}" for g, local in pairs for part in ("weight", "bias")
         }
 
     def _token_roles(
