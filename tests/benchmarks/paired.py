@@ -43,10 +43,10 @@ from tests.benchmarks.slowdown import SLOWDOWN_ENV
 ROUND_MIN_S = 0.02
 """A round repeats a short call until it lasts this long: a millisecond call timed alone
 is at the mercy of one scheduler tick."""
-PAIR_BUDGET_S = 1.5
+PAIR_BUDGET_S = 1.0
 """Each side's rounds of a benchmark last about this long in all..."""
-MIN_BLOCKS = 9
-MAX_BLOCKS = 21
+MIN_BLOCKS = 5
+MAX_BLOCKS = 15
 """...within these bounds, in blocks of two pairs (an odd count, for a median that is one
 block's ratio)."""
 

@@ -15,6 +15,7 @@ import pytest
 
 from playground.bench_history import normalised_time, read_saved_run
 from playground.errors import PlaygroundError
+from tests.benchmarks import paired as paired_module
 from tests.benchmarks import time_gate
 from tests.benchmarks.paired import PairedMeasurer, PairedRounds
 from tests.benchmarks.saved_runs import save_run
@@ -231,7 +232,7 @@ def test_the_workers_time_rounds_on_their_own_code(monkeypatch):
     with PairedMeasurer(ROOT, ROOT, threads=1, device="cpu") as paired:
         measured = paired.measure(entry("vanilla", 32, "forward"))
         assert isinstance(measured, PairedRounds)
-        assert len(measured.blocks) >= 9 and measured.injected is not None
+        assert len(measured.blocks) >= paired_module.MIN_BLOCKS and measured.injected is not None
         assert "no variant 'nonexistent'" in paired.measure(entry("nonexistent", 32, "forward"))
         with pytest.raises(PlaygroundError, match="KeyError"):
             paired.baseline.ask(op="build")  # a malformed request: an error, the worker lives
