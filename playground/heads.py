@@ -45,16 +45,17 @@ def project_heads(
 def project_output(
     module: nn.Module, context: torch.Tensor, empty: torch.Tensor | None
 ) -> torch.Tensor:
-    """context (B, H, Nq, d) -> output (B, Nq, d_model) through out_proj.
+    """context (B, H, Nq, d), or heads already merged (B, Nq, d_model) -> output
+    (B, Nq, d_model) through out_proj.
 
     `empty` (B or 1, Nq, 1) bool marks queries that see no key: they output exactly zero,
     not out_proj's bias. Their context is zeroed before the projection too, so whatever a
     kernel left there (NaN) stays out of the weight gradients.
     """
+    merged = merge_heads(context) if context.dim() == 4 else context  # (B, Nq, d_model)
     if empty is None:
-        return module.out_proj(merge_heads(context))
-    context = context.masked_fill(empty[:, None], 0.0)
-    return module.out_proj(merge_heads(context)).masked_fill(empty, 0.0)
+        return module.out_proj(merged)
+    return module.out_proj(merged.masked_fill(empty, 0.0)).masked_fill(empty, 0.0)
 
 
 def projection_flops(n_q: int, n_k: int, d_model: int) -> float:

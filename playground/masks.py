@@ -57,3 +57,18 @@ def empty_query_rows(allowed: torch.Tensor | None) -> torch.Tensor | None:
     if allowed is None:
         return None
     return ~allowed.any(dim=-1).any(dim=1)[..., None]
+
+
+def queries_without_keys(
+    attention_mask: torch.Tensor | None, n_q: int, n_k: int, is_causal: bool
+) -> torch.Tensor | None:
+    """(B, Nq, 1) bool, True for queries that see no key under a padding mask (B, Nk) and
+    causality (query i sees keys j <= i): `empty_query_rows` without building the dense
+    (B, Nq, Nk) mask, O(B · N). None when every query sees a key."""
+    if attention_mask is None:
+        return None  # causal alone: every query sees key 0
+    if not is_causal:
+        return (~attention_mask.any(dim=-1))[:, None, None].expand(-1, n_q, 1)
+    seen_any = attention_mask.cumsum(dim=-1) > 0  # (B, Nk): a real key at or before j
+    last_visible = torch.arange(n_q, device=attention_mask.device).clamp(max=n_k - 1)
+    return ~seen_any[:, last_visible, None]

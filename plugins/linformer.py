@@ -60,7 +60,6 @@ from typing import Literal
 import einops
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 from torch import nn
 
 import playground
@@ -72,6 +71,14 @@ from playground import (
     VariantConfig,
 )
 from playground.config import build_config
+from playground.heads import (
+    add_projections,
+    attention_flops,
+    project_output,
+    projection_flops,
+    split_heads,
+)
+from playground.masks import queries_without_keys
 
 Sharing = Literal["headwise", "kv", "none", "layerwise"]
 
@@ -123,10 +130,12 @@ class LinformerAttention(AttentionVariant):
         # With fewer keys than k, E[:, :n_k] still computes k slots, but of rank <= n_k:
         # only n_k of them are useful work.
         k = min(int(options.get("k", LinformerConfig.k)), n_k)
-        projections = 2 * (n_q + 2 * n_k + n_q) * d_model * d_model  # q, k, v, out
         sequence_projections = 2 * 2 * k * n_k * d_model  # E·K and F·V
-        scores_and_mix = 2 * 2 * n_q * k * d_model  # Q K'ᵀ and P V', all heads together
-        return float(projections + sequence_projections + scores_and_mix)
+        return (
+            projection_flops(n_q, n_k, d_model)
+            + sequence_projections
+            + attention_flops(n_q * k, d_model)  # Q K'ᵀ and P V' over k slots
+        )
 
     def __init__(self, d_model: int = 512, num_heads: int = 8, **options: object) -> None:
         super().__init__(d_model, num_heads, **options)
@@ -140,11 +149,7 @@ class LinformerAttention(AttentionVariant):
                 f"seq_len=...), or split the input into chunks of at most {config.seq_len}"
             ),
         )
-        bias = config.bias
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        add_projections(self, d_model, bias=config.bias)
         shape = (config.k, config.seq_len)
         if config.sharing == "none":
             shape = (num_heads, *shape)  # (H, k, n): one E_i, F_i per head
@@ -214,26 +219,17 @@ class LinformerAttention(AttentionVariant):
         self.share_projections_with(first)
         return ("projections",)
 
-    def _zero_empty_elements(
-        self, output: torch.Tensor, attention_mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        """A batch element with no real key outputs zero, not out_proj's bias."""
-        if attention_mask is None:
-            return output
-        empty = ~attention_mask.any(dim=-1)  # (B,)
-        return output.masked_fill(empty[:, None, None], 0.0)
-
     def forward_reference(
         self, query, key, value, attention_mask, is_causal, need_weights
     ) -> AttentionOutput:
         h, n_k = self.num_heads, key.shape[1]
-        q = rearrange(self.q_proj(query), "b n (h d) -> b h n d", h=h)  # (B, H, Nq, d_k)
+        q = split_heads(self.q_proj(query), h)  # (B, H, Nq, d_k)
         k, v = self.k_proj(key), self.v_proj(value)  # (B, Nk, d_model)
         if attention_mask is not None:
             padding = ~attention_mask[..., None]  # (B, Nk, 1)
             k, v = k.masked_fill(padding, 0.0), v.masked_fill(padding, 0.0)
-        k = rearrange(k, "b n (h d) -> b h n d", h=h)  # (B, H, Nk, d_k)
-        v = rearrange(v, "b n (h d) -> b h n d", h=h)  # (B, H, Nk, d_v)
+        k = split_heads(k, h)  # (B, H, Nk, d_k)
+        v = split_heads(v, h)  # (B, H, Nk, d_v)
         # First n_k columns; shared projections are the same matrix for every head.
         E = self.E[..., :n_k].expand(h, -1, -1)  # (H, k, Nk)
         F_ = self.F[..., :n_k].expand(h, -1, -1)  # (H, k, Nk)
@@ -242,8 +238,8 @@ class LinformerAttention(AttentionVariant):
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, Nq, k)
         weights = scores.softmax(dim=-1)  # over the k slots; none is masked
         mixed = F.dropout(weights, self.config.dropout, self.training) @ v  # (B, H, Nq, d_v)
-        output = self.out_proj(rearrange(mixed, "b h n d -> b n (h d)"))  # (B, Nq, d_model)
-        return AttentionOutput(self._zero_empty_elements(output, attention_mask), None)
+        empty = queries_without_keys(attention_mask, query.shape[1], n_k, False)
+        return AttentionOutput(project_output(self, mixed, empty), None)  # (B, Nq, d_model)
 
     def slot_weights(
         self,
@@ -263,11 +259,11 @@ class LinformerAttention(AttentionVariant):
         self._check_inputs(query, key, key, attention_mask, {})
         self._check_capabilities(query, key, attention_mask, False, False, key is not query)
         h, n_k = self.num_heads, key.shape[1]
-        q = rearrange(self.q_proj(query), "b n (h d) -> b h n d", h=h)  # (B, H, Nq, d_k)
+        q = split_heads(self.q_proj(query), h)  # (B, H, Nq, d_k)
         k = self.k_proj(key)  # (B, Nk, d_model)
         if attention_mask is not None:
             k = k.masked_fill(~attention_mask[..., None], 0.0)
-        k = rearrange(k, "b n (h d) -> b h n d", h=h)  # (B, H, Nk, d_k)
+        k = split_heads(k, h)  # (B, H, Nk, d_k)
         E = self.E[..., :n_k].expand(h, -1, -1)  # (H, k, Nk)
         k = einops.einsum(E, k, "h s n, b h n d -> b h s d")  # K' = E K: (B, H, k, d_k)
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, Nq, k)
@@ -289,9 +285,7 @@ class LinformerAttention(AttentionVariant):
             projected = projected * attention_mask[..., None].to(projected.dtype)
         if sequence_projection.dim() == 2:
             # One matmul on the unsplit tokens: (k, Nk) @ (B, Nk, d_model) → (B, k, d_model).
-            return rearrange(
-                sequence_projection @ projected, "b s (h d) -> b h s d", h=self.num_heads
-            )
+            return split_heads(sequence_projection @ projected, self.num_heads)
         per_head = projected.unflatten(-1, (self.num_heads, -1))  # (B, Nk, H, d_k): a view
         return einops.einsum(sequence_projection, per_head, "h s n, b n h d -> b h s d")
 
@@ -304,14 +298,14 @@ class LinformerAttention(AttentionVariant):
         dropout = self.config.dropout if self.training else 0.0
         # q lives only inside this call, so inference frees it before out_proj allocates.
         mixed = F.scaled_dot_product_attention(
-            rearrange(self.q_proj(query), "b n (h d) -> b h n d", h=self.num_heads),
+            split_heads(self.q_proj(query), self.num_heads),
             k,
             v,
             dropout_p=dropout,
         )  # (B, H, Nq, d_v)
         # SDPA lays its output out as (B, Nq, H, d_v), so merging the heads is a view.
-        output = self.out_proj(rearrange(mixed, "b h n d -> b n (h d)"))  # (B, Nq, d_model)
-        return AttentionOutput(self._zero_empty_elements(output, attention_mask), None)
+        empty = queries_without_keys(attention_mask, query.shape[1], n_k, False)
+        return AttentionOutput(project_output(self, mixed, empty), None)  # (B, Nq, d_model)
 
 
 @playground.hookimpl

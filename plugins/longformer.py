@@ -20,14 +20,11 @@ back only (i - w <= j <= i), a global query i sees the keys j <= i, and a global
 only by queries i >= j.
 
 `impl="reference"` builds the full (N, N) mask of these rules and does a masked softmax:
-O(N²), the oracle. `impl="fast"` is banded, O(N·(w + G)) in time and memory, any N (padded
-internally, cut back): queries go in blocks of `BLOCK`; keys go in chunks of `BLOCK`, each
-chunk preceded by the G global keys, so all a block may see (its window's chunks, the globals
-of the first) is one contiguous stretch of that buffer. One `scaled_dot_product_attention`
-call per sequence, over (blocks, H, BLOCK, span) with an additive mask, reads those
-overlapping stretches as a strided view (no per-block copies); the global rows are one more
-call over (B, H, G, N). Backward runs through SDPA. SDPA cannot return probabilities, so
-`need_weights=True` runs the reference (the dense (B, H, N, N) weights are O(N²) anyway).
+O(N²), the oracle. `impl="fast"` is banded, O(N·(w + G)) in time and memory: the local rows
+are the core's `banded_attention` (playground.kernels) with the global tokens as prefix
+keys, and the global rows are one more SDPA call over (B, H, G, N). Backward runs through
+SDPA. SDPA cannot return probabilities, so `need_weights=True` runs the reference (the
+dense (B, H, N, N) weights are O(N²) anyway).
 """
 
 from __future__ import annotations
@@ -37,17 +34,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 from torch import nn
 
 import playground
 from playground import AttentionOutput, AttentionVariant, Capabilities, InvalidInput, VariantConfig
+from playground.heads import merge_heads, project_output, split_heads
+from playground.kernels import BAND_BLOCK, banded_attention
 from playground.masks import masked_softmax
-
-BLOCK = 64
-"""Queries per block of the fast path (fewer when the window is smaller). A block sees
-its whole chunks of keys, about BLOCK + 2w keys for 2w + 1 useful ones, so smaller blocks
-waste less work but make smaller matrix products; 64 measured fastest on CPU for w = 256."""
 
 
 @dataclass(frozen=True)
@@ -132,7 +125,7 @@ class LongformerAttention(AttentionVariant):
 
     def special_sizes(self) -> tuple[int, ...]:
         """The one-sided reach w and the fast path's query block, besides the options."""
-        return (*super().special_sizes(), self.config.attention_window // 2, BLOCK)
+        return (*super().special_sizes(), self.config.attention_window // 2, BAND_BLOCK)
 
     def global_token_arguments(self, is_global: torch.Tensor) -> dict:
         return {"global_attention_mask": is_global}
@@ -195,20 +188,6 @@ class LongformerAttention(AttentionVariant):
             is_global = is_global | global_attention_mask.to(x.device)
         return real, is_global & real
 
-    def _split_heads(self, projected: torch.Tensor) -> torch.Tensor:
-        return rearrange(projected, "b n (h d) -> b h n d", h=self.num_heads)  # (B, H, N, d)
-
-    def _finish(self, context: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-        """context (B, N, d_model) -> output (B, N, d_model), padded query rows exactly 0.
-
-        Zeroing the context too keeps whatever those rows held out of the weight gradients.
-        """
-        if real.all():
-            return self.out_proj(context)  # (B, N, E)
-        padded = ~real[..., None]  # (B, N, 1)
-        output = self.out_proj(context.masked_fill(padded, 0.0))
-        return output.masked_fill(padded, 0.0)
-
     def forward_reference(
         self,
         query,
@@ -221,9 +200,11 @@ class LongformerAttention(AttentionVariant):
     ) -> AttentionOutput:
         real, is_global = self._token_roles(query, attention_mask, global_attention_mask)
         n = query.shape[1]
-        q, k, v = (self._split_heads(p(query)) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (
+            split_heads(p(query), self.num_heads) for p in (self.q_proj, self.k_proj, self.v_proj)
+        )
         q_global, k_global, v_global = (
-            self._split_heads(p(query))
+            split_heads(p(query), self.num_heads)
             for p in (self.q_global_proj, self.k_global_proj, self.v_global_proj)
         )
         position = torch.arange(n, device=query.device)
@@ -244,7 +225,7 @@ class LongformerAttention(AttentionVariant):
         )  # (B, H, N, N)
         weights = masked_softmax(scores * scale, allowed)  # (B, H, N, N)
         context = torch.where(global_row, weights @ v_global, weights @ v)  # (B, H, N, d)
-        output = self._finish(rearrange(context, "b h n d -> b n (h d)"), real)
+        output = project_output(self, context, _padded(real))
         return AttentionOutput(output, weights if need_weights else None)
 
     def forward_fast(
@@ -270,116 +251,40 @@ class LongformerAttention(AttentionVariant):
             sequence, slot = used.nonzero(as_tuple=True)  # the slots holding a global token
             where = (sequence, positions[sequence, slot])
             context = context.index_put(where, global_rows[sequence, slot])  # (B, N, E)
-        return AttentionOutput(self._finish(context, real), None)
+        return AttentionOutput(project_output(self, context, _padded(real)), None)
 
     def _banded_attention(self, x, real, is_global, positions, used, is_causal) -> torch.Tensor:
-        """Every query row by the local rules -> context (B, N, d_model).
-
-        Keys are cut into chunks of `block` and each chunk is preceded by the G global keys,
-        so the keys a block of queries may see (its window's chunks; the globals of the
-        first one) are one contiguous stretch of that buffer: SDPA reads them through an
-        overlapping strided view, and nothing bigger than k and v is copied.
-        """
-        batch, n, width = x.shape
+        """Every query row by the local rules -> context (B, N, d_model): the core's banded
+        kernel, with the global tokens as prefix keys every local query sees."""
         window = self.config.attention_window // 2
-        block = max(1, min(BLOCK, window, n))
-        num_blocks = -(-n // block)
-        # Chunks each side of a block of queries (no more than the sequence has).
-        before = min(-(-window // block), num_blocks - 1)
-        after = 0 if is_causal else before
-        num_global = positions.shape[1]
-        rows = num_global + block  # buffer rows per chunk
-        span = (before + 1 + after) * rows  # buffer rows a block of queries sees
-
-        def chunked(tensor: torch.Tensor, fill, global_part: torch.Tensor) -> torch.Tensor:
-            """(B, N, C) and (B, G, C) -> (B, chunks·rows, C): [G globals, block keys] per
-            chunk, `fill` past the ends. Written in place: each element is copied once."""
-            buffer = tensor.new_empty(batch, before + num_blocks + after, rows, tensor.shape[-1])
-            buffer[:, :, :num_global] = global_part[:, None]
-            keys = buffer[:, :, num_global:]  # (B, chunks, block, C)
-            full, rest = divmod(n, block)  # whole chunks of keys, keys in the last one
-            keys[:, :before] = fill
-            keys[:, before : before + full] = tensor[:, : full * block].unflatten(1, (full, block))
-            keys[:, before + full :] = fill
-            if rest:
-                keys[:, before + full, :rest] = tensor[:, full * block :]
-            return buffer.flatten(1, 2)
-
-        def spans(buffer: torch.Tensor) -> torch.Tensor:
-            """(B, chunks·rows, C) -> (B, blocks, span, C), a view (spans overlap)."""
-            return buffer.unfold(1, span, rows).transpose(-1, -2)
-
-        # k and v in one product, (B, N, 2E), so the buffer is built once. The global keys
+        # k and v in one product, (B, N, 2E), as the kernel takes them. The global keys
         # that local queries see use the local k and v (as in HF).
         weight = torch.cat([self.k_proj.weight, self.v_proj.weight])
         keys_values = F.linear(x, weight, torch.cat([self.k_proj.bias, self.v_proj.bias]))
-        index = positions[..., None].expand(-1, -1, 2 * width)  # (B, G, 2E)
-        # (Rebinding the name frees the projection once it is in the buffer.)
-        keys_values = spans(chunked(keys_values, 0.0, keys_values.gather(1, index)))
-        keys, values = keys_values.split(width, dim=-1)  # (B, blocks, span, E) each, views
-        # Keys leaving the window: padding, past the ends and the global tokens (those come
-        # in through their slots); a slot is unused where a sequence has fewer globals.
-        key_ok = chunked((real & ~is_global)[..., None], False, used[..., None])[..., 0]
-        key_ok = spans(key_ok[..., None])[..., 0]  # (B, blocks, span)
-        mask = self._band_mask(key_ok, block, before, num_global, is_causal, x.dtype)
-        if is_causal and num_global:
-            query_position = torch.arange(num_blocks * block, device=x.device)
-            future = positions[:, None, None, :] > query_position.view(num_blocks, block, 1)
-            mask[..., :num_global].masked_fill_(future, -math.inf)  # (B, blocks, block, G)
-
-        queries = self.q_proj(x)  # (B, N, E)
-        if num_blocks * block > n:
-            queries = F.pad(queries, (0, 0, 0, num_blocks * block - n))  # (B, blocks·block, E)
-        h = self.num_heads
-        queries = rearrange(queries, "b (nb blk) (h d) -> b nb h blk d", blk=block, h=h)
-        # One call per sequence: the blocks of a sequence share one stride into the buffer.
-        contexts = [
-            F.scaled_dot_product_attention(
-                queries[b],  # (blocks, H, block, d)
-                rearrange(keys[b], "nb s (h d) -> nb h s d", h=h),  # (blocks, H, span, d)
-                rearrange(values[b], "nb s (h d) -> nb h s d", h=h),
-                attn_mask=mask[b, :, None],  # (blocks, 1, block, span)
-            ).transpose(1, 2)  # (blocks, block, H, d): SDPA's memory order for such queries
-            for b in range(batch)
-        ]
-        context = contexts[0][None] if batch == 1 else torch.stack(contexts)
-        context = rearrange(context, "b nb blk h d -> b (nb blk) (h d)")
-        return context[:, :n]  # (B, N, E)
-
-    def _band_mask(self, key_ok, block: int, before: int, num_global: int, is_causal, dtype):
-        """Additive mask of the local rows, 0 where a query sees a key and -inf elsewhere.
-
-        key_ok (B, blocks, span) bool: which keys of each block's span may be seen at all;
-        the band (the same for every block) adds which lie within each query's window, and
-        keeps the global slots of the first chunk only. -> (B, blocks, block, span)
-        """
-        window = self.config.attention_window // 2
-        rows, span = num_global + block, key_ok.shape[-1]
-        query = torch.arange(block, device=key_ok.device)[:, None]  # within its block
-        column = torch.arange(span, device=key_ok.device)
-        chunk, slot = column // rows, column % rows  # (span,)
-        offset = query - (chunk - before) * block - (slot - num_global)  # query - key
-        in_band = (offset <= window) & (offset >= (0 if is_causal else -window))
-        seen = torch.where(slot < num_global, chunk == 0, in_band)  # (block, span)
-
-        def bias(allowed: torch.Tensor) -> torch.Tensor:
-            return torch.zeros_like(allowed, dtype=dtype).masked_fill(~allowed, -math.inf)
-
-        mask = bias(key_ok)[:, :, None, :] + bias(seen)  # (B, blocks, block, span)
-        # Every row sees its own key, so none is empty (SDPA would give NaN): a real local
-        # query sees it anyway, and the other rows (padding, global, past N) are replaced.
-        own = before * rows + num_global  # the column of query 0's own key
-        mask[..., own : own + block].diagonal(dim1=-2, dim2=-1).fill_(0.0)
-        return mask
+        index = positions[..., None].expand(-1, -1, keys_values.shape[-1])  # (B, G, 2E)
+        has_global = positions.shape[1] > 0
+        return banded_attention(
+            self.q_proj(x),
+            keys_values,
+            real & ~is_global,  # global keys come in as prefix keys (their slots)
+            self.num_heads,
+            before=window,
+            after=0 if is_causal else window,
+            prefix_keys_values=keys_values.gather(1, index) if has_global else None,
+            prefix_ok=used if has_global else None,  # a slot is unused where fewer globals
+            prefix_positions=positions if is_causal and has_global else None,
+        )
 
     def _global_rows(self, x, real, positions, used, is_causal) -> torch.Tensor:
         """The global queries' rows: full attention with the global projections ->
         (B, G, d_model), one row per slot of `positions`."""
         n = x.shape[1]
         index = positions[..., None].expand(-1, -1, x.shape[-1])  # (B, G, E)
-        q_global = self._split_heads(self.q_global_proj(x.gather(1, index)))  # (B, H, G, d)
-        k_global = self._split_heads(self.k_global_proj(x))  # (B, H, N, d)
-        v_global = self._split_heads(self.v_global_proj(x))
+        q_global = split_heads(
+            self.q_global_proj(x.gather(1, index)), self.num_heads
+        )  # (B, H, G, d)
+        k_global = split_heads(self.k_global_proj(x), self.num_heads)  # (B, H, N, d)
+        v_global = split_heads(self.v_global_proj(x), self.num_heads)
         allowed = real[:, None, None, :] & used[:, None, :, None]  # (B, 1, G, N)
         if is_causal:
             key_position = torch.arange(n, device=x.device)
@@ -388,7 +293,12 @@ class LongformerAttention(AttentionVariant):
         # Its row is never read, so that key gets no gradient.
         allowed[..., 0] |= ~allowed.any(dim=-1)
         rows = F.scaled_dot_product_attention(q_global, k_global, v_global, attn_mask=allowed)
-        return rearrange(rows, "b h g d -> b g (h d)")
+        return merge_heads(rows)  # (B, G, E)
+
+
+def _padded(real: torch.Tensor) -> torch.Tensor | None:
+    """(B, N, 1) bool: padded query positions, whose output is exactly 0; None if none."""
+    return None if real.all() else ~real[..., None]
 
 
 @playground.hookimpl

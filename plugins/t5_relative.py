@@ -20,9 +20,10 @@ default here, `scale=None`, is the usual 1/√d_head. T5 computes the bias in it
 layer and reuses it in every layer; `share_relative_bias_with` gives a model builder the
 same sharing.
 
-`impl="reference"` builds the dense (1, H, Nq, Nk) bias with `compute_bias` and runs the
-math above line by line. `impl="fast"` feeds the bias to the fused
-`F.scaled_dot_product_attention` as a float mask, without materialising it:
+`impl="reference"` builds the dense (1, H, Nq, Nk) bias with `logit_bias` (T5's
+`compute_bias`) and runs the math above line by line. `impl="fast"` hands the bias of each
+relative position to the core's `relative_bias_attention` (playground.kernels), which feeds
+it to the fused `F.scaled_dot_product_attention` as a float mask, without materialising it:
 
 - The bias is Toeplitz (constant along diagonals j − i). Reversing the keys (and values,
   which leaves attention unchanged) makes it Hankel: with j' = Nk − 1 − j the bias is a
@@ -55,11 +56,18 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 import playground
 from playground import AttentionOutput, AttentionVariant, Capabilities, VariantConfig
-from playground.masks import allowed_keys, empty_query_rows, masked_softmax
+from playground.heads import (
+    add_projections,
+    attention_flops,
+    project_heads,
+    project_output,
+    projection_flops,
+)
+from playground.kernels import relative_bias_attention
+from playground.masks import allowed_keys, empty_query_rows, masked_softmax, queries_without_keys
 
 
 def relative_position_bucket(
@@ -143,19 +151,14 @@ class T5RelativeAttention(AttentionVariant):
 
     @staticmethod
     def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: object) -> float:
-        projections = 2 * (n_q + 2 * n_k + n_q) * d_model * d_model  # q, k, v, out
-        scores_and_mix = 2 * 2 * n_q * n_k * d_model  # Q Kᵀ and P V, all heads together
         bias_add = n_q * n_k * num_heads
-        return float(projections + scores_and_mix + bias_add)
+        return projection_flops(n_q, n_k, d_model) + attention_flops(n_q * n_k, d_model) + bias_add
 
     def __init__(self, d_model: int = 512, num_heads: int = 8, **options: object) -> None:
         super().__init__(d_model, num_heads, **options)
         config = self.config
         self.scale = config.scale if config.scale is not None else 1 / math.sqrt(self.head_dim)
-        self.q_proj = nn.Linear(d_model, d_model, bias=config.bias)
-        self.k_proj = nn.Linear(d_model, d_model, bias=config.bias)
-        self.v_proj = nn.Linear(d_model, d_model, bias=config.bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=config.bias)
+        add_projections(self, d_model, bias=config.bias)
         self.relative_attention_bias = nn.Embedding(config.num_buckets, num_heads)
         # (Nq, Nk, causal, device) -> (Nq + Nk - 1,) int64 buckets of the fast path's bias
         # vector. Integers only: the values come from the embedding on every call.
@@ -183,10 +186,7 @@ class T5RelativeAttention(AttentionVariant):
         self.share_relative_bias_with(first)
         return ("relative_bias",)
 
-    def logit_bias(self, n_q: int, n_k: int) -> torch.Tensor:
-        return self.compute_bias(n_q, n_k)
-
-    def compute_bias(
+    def logit_bias(
         self,
         query_length: int,
         key_length: int,
@@ -206,119 +206,56 @@ class T5RelativeAttention(AttentionVariant):
         values = self.relative_attention_bias(buckets)  # (Nq, Nk, H)
         return rearrange(values, "q k h -> 1 h q k")
 
-    def _project_heads(self, query, key, value):
-        h = self.num_heads
-        q = rearrange(self.q_proj(query), "b n (h d) -> b h n d", h=h)  # (B, H, Nq, d_head)
-        k = rearrange(self.k_proj(key), "b n (h d) -> b h n d", h=h)  # (B, H, Nk, d_head)
-        v = rearrange(self.v_proj(value), "b n (h d) -> b h n d", h=h)  # (B, H, Nk, d_head)
-        return q, k, v
-
-    def _merge_heads(self, context: torch.Tensor, empty: torch.Tensor | None) -> torch.Tensor:
-        if empty is None:
-            return self.out_proj(rearrange(context, "b h n d -> b n (h d)"))  # (B, Nq, d_model)
-        # A query that sees no key outputs zero, not the projection's bias. Zeroing the
-        # context too keeps a kernel's NaN on those rows out of the weight gradients.
-        context = context.masked_fill(empty[:, None], 0.0)
-        output = self.out_proj(rearrange(context, "b h n d -> b n (h d)"))  # (B, Nq, d_model)
-        return output.masked_fill(empty, 0.0)
-
     def forward_reference(
         self, query, key, value, attention_mask, is_causal, need_weights
     ) -> AttentionOutput:
-        q, k, v = self._project_heads(query, key, value)
+        q, k, v = project_heads(self, query, key, value)  # (B, H, N, d_head)
         n_q, n_k = q.shape[2], k.shape[2]
-        position_bias = self.compute_bias(n_q, n_k, not is_causal, q.device)  # (1, H, Nq, Nk)
+        position_bias = self.logit_bias(n_q, n_k, not is_causal, q.device)  # (1, H, Nq, Nk)
         scores = self.scale * q @ k.transpose(-2, -1) + position_bias.to(q.dtype)  # (B, H, Nq, Nk)
         allowed = allowed_keys(attention_mask, n_q, n_k, is_causal, q.device)
         weights = masked_softmax(scores, allowed)  # (B, H, Nq, Nk)
         mixed = F.dropout(weights, self.config.dropout, self.training) @ v  # (B, H, Nq, d_head)
-        output = self._merge_heads(mixed, empty_query_rows(allowed))
+        output = project_output(self, mixed, empty_query_rows(allowed))
         return AttentionOutput(output, weights if need_weights else None)
 
-    def _bias_by_antidiagonal(
-        self, n_q: int, n_k: int, is_causal: bool, dtype: torch.dtype
-    ) -> torch.Tensor:
-        """(H, Nq + Nk − 1): entry t is the bias of query i and reversed key j' = Nk − 1 − j
-        with i + j' = t, i.e. of relative position j − i = Nk − 1 − t; −inf for the future
-        when causal."""
+    # --- the fast path ------------------------------------------------------------------
+    def _relative_bias(self, n_q: int, n_k: int, is_causal: bool) -> torch.Tensor:
+        """(H, Nq + Nk − 1): the bias of every relative position j − i from −(Nq − 1) to
+        Nk − 1, what the core's `relative_bias_attention` takes."""
         table = self.relative_attention_bias.weight  # (num_buckets, H)
         cache_key = (n_q, n_k, is_causal, table.device)
         buckets = self._bucket_cache.get(cache_key)
         if buckets is None:
-            relative_position = torch.arange(n_k - 1, -n_q, -1, device=table.device)  # j − i
+            relative_position = torch.arange(-(n_q - 1), n_k, device=table.device)  # j − i
             buckets = relative_position_bucket(
                 relative_position, not is_causal, self.config.num_buckets, self.config.max_distance
             )
             if len(self._bucket_cache) >= 8:  # a few shapes in flight; forget the oldest
                 self._bucket_cache.pop(next(iter(self._bucket_cache)))
             self._bucket_cache[cache_key] = buckets
-        # (H, Nq + Nk − 1), differentiable in the table; contiguous so that the mask rows
-        # are unit-stride, which the fused kernel reads without a copy.
-        bias = table[buckets].to(dtype).t().contiguous()
-        if is_causal:
-            # t < Nk − 1 are relative positions j − i > 0: keys in the query's future.
-            bias = bias.index_fill(1, torch.arange(n_k - 1, device=bias.device), float("-inf"))
-        return bias
+        return table[buckets].t()  # differentiable in the table
 
     def forward_fast(
         self, query, key, value, attention_mask, is_causal, need_weights
     ) -> AttentionOutput:
         if need_weights:
             return self.forward_reference(query, key, value, attention_mask, is_causal, True)
-        q, k, v = self._project_heads(query, key, value)
+        q, k, v = project_heads(self, query, key, value)  # (B, H, N, d_head)
         n_q, n_k = q.shape[2], k.shape[2]
-        # Reversed keys turn the Toeplitz bias into a Hankel one (see the module docstring).
-        k, v = k.flip(2), v.flip(2)  # (B, H, Nk, d_head), key j at index Nk − 1 − j
-        bias = self._bias_by_antidiagonal(n_q, n_k, is_causal, q.dtype)  # (H, Nq + Nk − 1)
-        keep = None if attention_mask is None else attention_mask.flip(-1)[:, None, None, :]
-        dropout = self.config.dropout if self.training else 0.0
-
-        def attend_block(start: int, stop: int, q_block, k, v, bias, keep) -> torch.Tensor:
-            # A causal block sees keys j <= stop − 1 only: reversed indices from Nk − stop.
-            first = max(0, n_k - stop) if is_causal else 0
-            windows = bias[:, start + first : stop + n_k - 1]  # diagonals of this block
-            mask = windows.unfold(1, n_k - first, 1)[None]  # (1, H, block, Nk − first), a view
-            if keep is not None:
-                mask = mask.masked_fill(~keep[..., first:], float("-inf"))  # (B, H, block, ·)
-            return F.scaled_dot_product_attention(
-                q_block,
-                k[:, :, first:],
-                v[:, :, first:],
-                attn_mask=mask,
-                dropout_p=dropout,
-                scale=self.scale,
-            )  # (B, H, block, d_head)
-
-        # Training: while the bias needs a gradient SDPA runs its math kernel, which keeps
-        # each block's (B, H, block, Nk) probabilities for backward: O(H·n²) in all.
-        # Recomputing a block in backward instead (activation checkpointing) keeps memory
-        # at one block's worth, for about one more forward pass of time.
-        recompute = torch.is_grad_enabled() and n_q > self.config.block_size
-        blocks = []
-        for start in range(0, n_q, self.config.block_size):
-            stop = min(start + self.config.block_size, n_q)
-            arguments = (start, stop, q[:, :, start:stop], k, v, bias, keep)
-            if recompute:
-                blocks.append(checkpoint(attend_block, *arguments, use_reentrant=False))
-            else:
-                blocks.append(attend_block(*arguments))
-        context = torch.cat(blocks, dim=2)  # (B, H, Nq, d_head)
-        empty = _queries_without_keys(attention_mask, n_q, is_causal)  # (B, Nq, 1) or None
-        return AttentionOutput(self._merge_heads(context, empty), None)
-
-
-def _queries_without_keys(
-    attention_mask: torch.Tensor | None, n_q: int, is_causal: bool
-) -> torch.Tensor | None:
-    """(B, Nq, 1) bool, True for queries with no visible key; O(B · N), unlike building
-    the (B, 1, Nq, Nk) allowed mask."""
-    if attention_mask is None:
-        return None  # causal alone: every query sees key 0
-    if not is_causal:
-        return (~attention_mask.any(dim=-1))[:, None, None].expand(-1, n_q, 1)
-    seen_any = attention_mask.cumsum(dim=-1) > 0  # (B, Nk): a real key at or before j
-    last_visible = torch.arange(n_q, device=attention_mask.device).clamp(max=seen_any.shape[1] - 1)
-    return ~seen_any[:, last_visible, None]
+        context = relative_bias_attention(
+            q,
+            k,
+            v,
+            self._relative_bias(n_q, n_k, is_causal),
+            attention_mask,
+            is_causal,
+            self.scale,
+            self.config.block_size,
+            self.config.dropout if self.training else 0.0,
+        )  # (B, H, Nq, d_head)
+        empty = queries_without_keys(attention_mask, n_q, n_k, is_causal)  # (B, Nq, 1) or None
+        return AttentionOutput(project_output(self, context, empty), None)
 
 
 @playground.hookimpl

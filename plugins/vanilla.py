@@ -21,11 +21,16 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
-from torch import nn
 
 import playground
 from playground import AttentionOutput, AttentionVariant, Capabilities, VariantConfig
+from playground.heads import (
+    add_projections,
+    attention_flops,
+    project_heads,
+    project_output,
+    projection_flops,
+)
 from playground.masks import allowed_keys, empty_query_rows, masked_softmax
 
 
@@ -57,61 +62,39 @@ class VanillaAttention(AttentionVariant):
 
     @staticmethod
     def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: object) -> float:
-        projections = 2 * (n_q + 2 * n_k + n_q) * d_model * d_model  # q, k, v, out
-        scores_and_mix = 2 * 2 * n_q * n_k * d_model  # Q Kᵀ and P V, all heads together
-        return float(projections + scores_and_mix)
+        return projection_flops(n_q, n_k, d_model) + attention_flops(n_q * n_k, d_model)
 
     def __init__(self, d_model: int = 512, num_heads: int = 8, **options: object) -> None:
         super().__init__(d_model, num_heads, **options)
-        bias = self.config.bias
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)  # W^Q for all heads at once
-        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
-
-    def _project_heads(self, query, key, value):
-        h = self.num_heads
-        q = rearrange(self.q_proj(query), "b n (h d) -> b h n d", h=h)  # (B, H, Nq, d_k)
-        k = rearrange(self.k_proj(key), "b n (h d) -> b h n d", h=h)  # (B, H, Nk, d_k)
-        v = rearrange(self.v_proj(value), "b n (h d) -> b h n d", h=h)  # (B, H, Nk, d_v)
-        return q, k, v
-
-    def _merge_heads(self, context: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
-        empty = empty_query_rows(allowed)  # (B, Nq, 1): queries with no key to see
-        if empty is None:
-            return self.out_proj(rearrange(context, "b h n d -> b n (h d)"))  # (B, Nq, d_model)
-        # Such a query outputs zero, not the projection's bias. Zeroing the context too
-        # keeps a kernel's NaN on those rows out of the weight gradients.
-        context = context.masked_fill(empty[:, None], 0.0)
-        output = self.out_proj(rearrange(context, "b h n d -> b n (h d)"))  # (B, Nq, d_model)
-        return output.masked_fill(empty, 0.0)
+        add_projections(self, d_model, bias=self.config.bias)  # W^Q, W^K, W^V, W^O
 
     def forward_reference(
         self, query, key, value, attention_mask, is_causal, need_weights
     ) -> AttentionOutput:
-        q, k, v = self._project_heads(query, key, value)
+        q, k, v = project_heads(self, query, key, value)  # (B, H, N, d_k)
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, Nq, Nk)
         allowed = allowed_keys(attention_mask, q.shape[2], k.shape[2], is_causal, q.device)
         # -inf (not the usual -1e9) so masked keys get exactly 0 and a row with no key
         # left is all zeros rather than uniform over padding.
         weights = masked_softmax(scores, allowed)  # (B, H, Nq, Nk)
         mixed = F.dropout(weights, self.config.dropout, self.training) @ v  # (B, H, Nq, d_v)
-        return AttentionOutput(self._merge_heads(mixed, allowed), weights if need_weights else None)
+        output = project_output(self, mixed, empty_query_rows(allowed))  # (B, Nq, d_model)
+        return AttentionOutput(output, weights if need_weights else None)
 
     def forward_fast(
         self, query, key, value, attention_mask, is_causal, need_weights
     ) -> AttentionOutput:
         if need_weights:
             return self.forward_reference(query, key, value, attention_mask, is_causal, True)
-        q, k, v = self._project_heads(query, key, value)
+        q, k, v = project_heads(self, query, key, value)
         dropout = self.config.dropout if self.training else 0.0
         if attention_mask is None:
             # is_causal lets SDPA pick its causal flash kernel without building a mask.
             mixed = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=is_causal)
-            return AttentionOutput(self._merge_heads(mixed, None), None)
+            return AttentionOutput(project_output(self, mixed, None), None)
         allowed = allowed_keys(attention_mask, q.shape[2], k.shape[2], is_causal, q.device)
         mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout)
-        return AttentionOutput(self._merge_heads(mixed, allowed), None)
+        return AttentionOutput(project_output(self, mixed, empty_query_rows(allowed)), None)
 
 
 @playground.hookimpl

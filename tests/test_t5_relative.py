@@ -105,7 +105,7 @@ def test_module_equals_huggingface_t5_attention(impl, is_causal):
         expected = theirs(x, mask=additive_mask(keep, n, is_causal))[0]
     assert (ours - expected).abs().max().item() < 1e-5
     assert torch.equal(
-        module.compute_bias(n, n, bidirectional=not is_causal), theirs.compute_bias(n, n)
+        module.logit_bias(n, n, bidirectional=not is_causal), theirs.compute_bias(n, n)
     )
 
 

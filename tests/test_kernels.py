@@ -1,0 +1,163 @@
+"""The core's fast kernels against dense references: the same outputs and the same
+gradients, over shapes that split into several blocks, partial last blocks, bands wider
+than the sequence, prefix keys, padding and causality."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from einops import rearrange
+
+from playground.kernels import banded_attention, relative_bias_attention
+from playground.masks import masked_softmax, queries_without_keys
+
+H = 2
+
+
+def split(x: torch.Tensor) -> torch.Tensor:
+    return rearrange(x, "b n (h d) -> b h n d", h=H)
+
+
+def dense_banded(queries, keys_values, key_ok, before, after, prefix_kv, prefix_ok, positions):
+    """softmax over [prefix keys | sequence keys] with the band's rules, written out."""
+    n, width = queries.shape[1], queries.shape[2]
+    i = torch.arange(n)[:, None]
+    j = torch.arange(n)[None, :]
+    allowed = (j >= i - before) & (j <= i + after) & key_ok[:, None, :]  # (B, N, N)
+    keys, values = keys_values.split(width, dim=-1)
+    if prefix_kv is not None:
+        prefix_keys, prefix_values = prefix_kv.split(width, dim=-1)
+        prefix_allowed = prefix_ok[:, None, :].expand(-1, n, -1)  # (B, N, G)
+        if positions is not None:
+            prefix_allowed = prefix_allowed & (positions[:, None, :] <= i)
+        allowed = torch.cat([prefix_allowed, allowed], dim=-1)
+        keys = torch.cat([prefix_keys, keys], dim=1)
+        values = torch.cat([prefix_values, values], dim=1)
+    q, k, v = split(queries), split(keys), split(values)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    weights = masked_softmax(scores, allowed[:, None])
+    context = rearrange(weights @ v, "b h n d -> b n (h d)")
+    return context, allowed.any(dim=-1)  # (B, N, E), (B, N): rows that see a key
+
+
+CASES = [
+    # (n, before, after, prefix, causal prefix, block)
+    (13, 2, 2, 0, False, 4),
+    (13, 2, 0, 0, False, 4),
+    (40, 7, 7, 2, False, 8),
+    (40, 7, 0, 3, True, 8),
+    (9, 30, 30, 1, False, 64),  # the band covers the whole sequence
+    (70, 5, 3, 0, False, 64),  # asymmetric, several blocks
+]
+
+
+@pytest.mark.parametrize(("n", "before", "after", "prefix", "causal_prefix", "block"), CASES)
+def test_banded_attention_matches_the_dense_band(n, before, after, prefix, causal_prefix, block):
+    generator = torch.Generator().manual_seed(n + before)
+    batch, width = 2, 8
+
+    def tensor(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64, requires_grad=True)
+
+    queries, keys_values = tensor(batch, n, width), tensor(batch, n, 2 * width)
+    key_ok = torch.rand(batch, n, generator=generator) > 0.3
+    key_ok[1, : before + after + 2] = False  # rows that see nothing, where the band fits
+    prefix_kv = tensor(batch, prefix, 2 * width) if prefix else None
+    prefix_ok = (torch.rand(batch, prefix, generator=generator) > 0.3) if prefix else None
+    if prefix:
+        prefix_ok[1] = False
+    positions = torch.randint(0, n, (batch, prefix), generator=generator) if causal_prefix else None
+    context = banded_attention(
+        queries, keys_values, key_ok, H, before, after, prefix_kv, prefix_ok, positions, block
+    )
+    expected, seen = dense_banded(
+        queries, keys_values, key_ok, before, after, prefix_kv, prefix_ok, positions
+    )
+    assert seen.any() and not seen.all()  # both kinds of rows are exercised
+    torch.testing.assert_close(context[seen], expected[seen])
+    inputs = [t for t in (queries, keys_values, prefix_kv) if t is not None]
+    weights = torch.randn(expected.shape, generator=generator, dtype=torch.float64)
+    ours = torch.autograd.grad((context * weights)[seen].sum(), inputs)
+    theirs = torch.autograd.grad((expected * weights)[seen].sum(), inputs)
+    for mine, reference in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(mine, reference)
+
+
+def test_banded_attention_catches_a_wrong_band():
+    """The comparison can fail: one key more on each side is another answer."""
+    generator = torch.Generator().manual_seed(0)
+    queries = torch.randn(1, 20, 8, generator=generator, dtype=torch.float64)
+    keys_values = torch.randn(1, 20, 16, generator=generator, dtype=torch.float64)
+    key_ok = torch.ones(1, 20, dtype=torch.bool)
+    context = banded_attention(queries, keys_values, key_ok, H, 3, 3, block=4)
+    wider, _ = dense_banded(queries, keys_values, key_ok, 4, 4, None, None, None)
+    assert not torch.allclose(context, wider)
+
+
+def dense_relative(q, k, v, relative_bias, attention_mask, is_causal, scale):
+    n_q, n_k = q.shape[2], k.shape[2]
+    offset = torch.arange(n_k)[None, :] - torch.arange(n_q)[:, None] + n_q - 1  # j − i + Nq − 1
+    bias = relative_bias[:, offset]  # (H, Nq, Nk)
+    allowed = torch.ones(1, n_q, n_k, dtype=torch.bool)
+    if attention_mask is not None:
+        allowed = allowed & attention_mask[:, None, :]
+    if is_causal:
+        allowed = allowed & (offset <= n_q - 1)
+    weights = masked_softmax(scale * q @ k.transpose(-2, -1) + bias, allowed[:, None])
+    return weights @ v
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize(("n_q", "n_k", "block"), [(11, 11, 4), (7, 13, 3), (16, 5, 16)])
+def test_relative_bias_attention_matches_the_dense_toeplitz_bias(
+    is_causal, padded, n_q, n_k, block
+):
+    generator = torch.Generator().manual_seed(n_q * n_k)
+
+    def tensor(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64, requires_grad=True)
+
+    q, k, v = tensor(2, H, n_q, 4), tensor(2, H, n_k, 4), tensor(2, H, n_k, 4)
+    relative_bias = tensor(H, n_q + n_k - 1)
+    mask = None
+    if padded:
+        mask = torch.ones(2, n_k, dtype=torch.bool)
+        mask[0, n_k // 2 :] = False
+        mask[1, :2] = False  # left padding: under causality the first queries see nothing
+    context = relative_bias_attention(q, k, v, relative_bias, mask, is_causal, 0.5, block)
+    expected = dense_relative(q, k, v, relative_bias, mask, is_causal, 0.5)
+    empty = queries_without_keys(mask, n_q, n_k, is_causal)
+    seen = torch.ones(2, n_q, dtype=torch.bool) if empty is None else ~empty[..., 0]
+    torch.testing.assert_close(context.transpose(1, 2)[seen], expected.transpose(1, 2)[seen])
+    weights = torch.randn(expected.shape, generator=generator, dtype=torch.float64)
+    select = seen[:, None, :, None]
+    inputs = (q, k, v, relative_bias)
+    ours = torch.autograd.grad((context * weights * select).sum(), inputs)
+    theirs = torch.autograd.grad((expected.nan_to_num() * weights * select).sum(), inputs)
+    for mine, reference in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(mine, reference)
+
+
+def test_relative_bias_attention_catches_a_mirrored_bias():
+    """The comparison can fail: the bias of j − i is not the bias of i − j."""
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, H, 9, 4, generator=generator, dtype=torch.float64) for _ in "qkv")
+    relative_bias = torch.randn(H, 17, generator=generator, dtype=torch.float64)
+    context = relative_bias_attention(q, k, v, relative_bias, None, False, 0.5, 4)
+    mirrored = dense_relative(q, k, v, relative_bias.flip(-1), None, False, 0.5)
+    assert not torch.allclose(context, mirrored)
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_queries_without_keys_match_the_dense_rule(is_causal):
+    mask = torch.tensor([[True, False, True, False], [False, False, True, True], [False] * 4])
+    n_q = 5
+    allowed = mask[:, None, :].expand(-1, n_q, -1)
+    if is_causal:
+        allowed = allowed & (torch.arange(4)[None, :] <= torch.arange(n_q)[:, None])
+    expected = ~allowed.any(dim=-1)
+    assert torch.equal(queries_without_keys(mask, n_q, 4, is_causal)[..., 0], expected)
+    assert queries_without_keys(None, n_q, 4, is_causal) is None
