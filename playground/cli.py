@@ -32,7 +32,7 @@ from playground.registry import Registry, bundled_dir
 from playground.report import write_report
 from playground.results import ENV, OVERRIDES, REJECTED, ROWS, SPEC, RunStore, unwritable
 from playground.runner import Runner, check_device, plan
-from playground.spec import apply_overrides, load_spec
+from playground.spec import DTYPES, apply_overrides, load_spec
 from playground.summary import print_accuracy, print_summary, write_summary
 
 # Piped output (CI logs, files) gets wide tables instead of rich's 80-column default.
@@ -226,6 +226,7 @@ def _overrides(arguments: argparse.Namespace) -> dict:
     plugins_dirs = getattr(arguments, "plugins_dir", None) or []
     return {
         "device": arguments.device,
+        "dtype": getattr(arguments, "dtype", None),
         "threads": arguments.threads,
         "seq_lens": seq_lens,
         "variants": variants.split(",") if variants else None,
@@ -241,6 +242,7 @@ def command_run(registry: Registry, arguments: argparse.Namespace) -> int:
             for flag, value in (
                 ("SPEC", arguments.spec),
                 ("--device", arguments.device),
+                ("--dtype", arguments.dtype),
                 ("--variants", arguments.variants),
                 ("--seq-lens", arguments.seq_lens),
                 ("--threads", arguments.threads),
@@ -425,6 +427,9 @@ def build_parser() -> argparse.ArgumentParser:
     for sub in (run, compare):
         sub.add_argument("--device", choices=("cpu", "cuda"), help="override the spec's device")
         sub.add_argument("--variants", metavar="A,B", help="only these variants")
+        sub.add_argument(
+            "--dtype", choices=tuple(DTYPES), help="override the spec's dtype (float32, ...)"
+        )
         sub.add_argument("--seq-lens", metavar="N,M", help="override the spec's sequence lengths")
         sub.add_argument(
             "--threads",

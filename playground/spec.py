@@ -361,8 +361,8 @@ def _repeated(values: typing.Iterable[Any]) -> str | None:
 
 
 def apply_overrides(spec: Spec, registry: Registry, overrides: dict[str, Any]) -> Spec:
-    """The command line's --device, --seq-lens, --threads and --variants on top of a loaded
-    spec.
+    """The command line's --device, --dtype, --seq-lens, --threads and --variants on top
+    of a loaded spec.
 
     --variants keeps the spec's sweep of each named variant; a variant the spec does not
     list runs with its defaults and the spec's [options.NAME] table. A length or variant
@@ -370,6 +370,8 @@ def apply_overrides(spec: Spec, registry: Registry, overrides: dict[str, Any]) -
     changes: dict[str, Any] = {}
     if overrides.get("device"):
         changes["device"] = overrides["device"]
+    if overrides.get("dtype"):
+        changes["dtype"] = overrides["dtype"]
     if overrides.get("threads"):
         changes["threads"] = overrides["threads"]
     if overrides.get("seq_lens"):
