@@ -235,25 +235,30 @@ class SoftmaxAttention(AttentionVariant):
             torch.arange(start, start + block, device=q.device),
             torch.arange(key_start, key_start + span, device=q.device),
         )
-        allowed = self._allowed(b, h, q_idx, kv_idx, keep, is_causal)
-        if allowed is None:
-            allowed = torch.ones(1, 1, block, span, dtype=torch.bool, device=q.device)
-        allowed = allowed.expand(batch, -1, block, span)  # (B, H or 1, blk, span)
-        sees = allowed.any(dim=-1)  # (B, H or 1, blk)
+        allowed = self._allowed(b, h, q_idx, kv_idx, keep, is_causal)  # None: all seen
+        sees = None
+        if allowed is not None:
+            allowed = allowed.expand(batch, -1, block, span)  # (B, H or 1, blk, span)
+            sees = allowed.any(dim=-1)  # (B, H or 1, blk)
         if self._has_score_mod and not self.additive_score_mod:
             scores = self.score_mod(q @ k.transpose(-2, -1) * self.scale, b, h, q_idx, kv_idx)
             context = masked_softmax(scores.to(q.dtype), allowed) @ v
         else:
-            # A query that sees nothing would make SDPA's softmax NaN: let it see its
-            # first key (finite), and zero it afterwards.
-            safe = allowed.clone()
-            safe[..., 0] |= ~sees
-            bias = torch.zeros((), dtype=q.dtype, device=q.device)
+            mask = None
             if self._has_score_mod:
-                bias = self.score_mod(bias, b, h, q_idx, kv_idx).to(q.dtype)  # f(b, h, q, kv)
-            mask = bias.masked_fill(~safe, -math.inf) if bias.dim() else safe
+                zero = torch.zeros((), dtype=q.dtype, device=q.device)
+                mask = self.score_mod(zero, b, h, q_idx, kv_idx).to(q.dtype)  # f(b, h, q, kv)
+            if sees is not None:
+                # A query that sees nothing would make SDPA's softmax NaN: let it see its
+                # first key (finite), and zero it afterwards.
+                safe = allowed.clone()
+                safe[..., 0] |= ~sees
+                mask = safe if mask is None else mask.masked_fill(~safe, -math.inf)
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
-            context = context.masked_fill(~sees[..., None], 0.0)
+            if sees is not None:
+                context = context.masked_fill(~sees[..., None], 0.0)
+        if sees is None:
+            return context, torch.zeros(batch, block, dtype=torch.bool, device=q.device)
         return context, ~sees.any(dim=1)  # (B, H, blk, d), (B, blk)
 
     def _forward_blocked(self, query, key, value, attention_mask, is_causal) -> AttentionOutput:
