@@ -13,6 +13,8 @@ from torch import nn
 
 import playground
 from playground import AttentionOutput
+from playground.heads import project_heads, project_output
+from playground.masks import empty_query_rows
 
 Vanilla = playground.get_variant("vanilla")
 
@@ -48,7 +50,7 @@ class NaNOnFullyMaskedRow(Vanilla):
     forward_fast = None
 
     def forward_reference(self, query, key, value, attention_mask, is_causal, need_weights):
-        q, k, v = self._project_heads(query, key, value)
+        q, k, v = project_heads(self, query, key, value)
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
         if attention_mask is not None:
             scores = scores.masked_fill(~attention_mask[:, None, None, :], float("-inf"))
@@ -58,7 +60,7 @@ class NaNOnFullyMaskedRow(Vanilla):
             )
         weights = scores.softmax(dim=-1)
         return AttentionOutput(
-            self._merge_heads(weights @ v, None), weights if need_weights else None
+            project_output(self, weights @ v, None), weights if need_weights else None
         )
 
 
@@ -135,7 +137,7 @@ class OverflowsOnLargeInputs(Vanilla):
     forward_fast = None
 
     def forward_reference(self, query, key, value, attention_mask, is_causal, need_weights):
-        q, k, v = self._project_heads(query, key, value)
+        q, k, v = project_heads(self, query, key, value)
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
         allowed = torch.ones_like(scores, dtype=torch.bool)
         if attention_mask is not None:
@@ -144,7 +146,7 @@ class OverflowsOnLargeInputs(Vanilla):
             allowed = allowed & allowed.new_ones(scores.shape[-2:]).tril()
         exp = scores.exp() * allowed
         weights = exp / exp.sum(dim=-1, keepdim=True).clamp_min(1e-30)
-        output = self._merge_heads(weights @ v, allowed[:, :1])
+        output = project_output(self, weights @ v, empty_query_rows(allowed[:, :1]))
         return AttentionOutput(output, weights if need_weights else None)
 
 
