@@ -27,16 +27,20 @@ FAST = "test_attention[vanilla-n512-forward]"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def rounds(name: str, ratio: float, blocks: int = 9) -> PairedRounds:
-    """Paired rounds in which the candidate's code takes `ratio` times the baseline's."""
-    return PairedRounds(name, (0.01,) * 2 * blocks, (0.01 * ratio,) * 2 * blocks)
+def rounds(name: str, ratio: float | tuple[float, ...], blocks: int = 9) -> PairedRounds:
+    """Paired rounds in which the candidate's code takes `ratio` times the baseline's in
+    every block, or the given ratio in each block."""
+    ratios = ratio if isinstance(ratio, tuple) else (ratio,) * blocks
+    candidate = tuple(0.01 * r for r in ratios for _ in range(2))
+    return PairedRounds(name, (0.01,) * len(candidate), candidate)
 
 
 class Paired:
-    """Stands in for the two workers: hands back, per benchmark, the given ratios in turn
-    (1.0 for one not named), and records what it was asked to time."""
+    """Stands in for the two workers: hands back, per benchmark, the given measurements in
+    turn (a ratio for every block, or each block's), 1.0 for a benchmark not named, and
+    records what it was asked to time."""
 
-    def __init__(self, **ratios: list[float]) -> None:
+    def __init__(self, **ratios: list[float | tuple[float, ...]]) -> None:
         self.ratios = {f"test_attention[{k.replace('_', '-')}]": v for k, v in ratios.items()}
         self.asked: list[str] = []
 
@@ -89,34 +93,58 @@ def test_the_saved_times_are_not_compared(storage, tmp_path, capsys):
     capsys.readouterr()
 
 
-def test_a_slow_down_measured_again_fails_in_one_line_per_benchmark(storage, candidate, capsys):
-    paired = Paired(longformer_n1024_forward=[1.5, 1.45, 1.52])
+SPREAD = (1.1, 1.6, 1.5, 1.7, 1.2)
+"""Five blocks whose median, 1.5, is slower, but whose interval (1.1 to 1.7) holds 1.3."""
+
+
+def test_a_clear_slow_down_fails_at_once_in_one_line_per_benchmark(storage, candidate, capsys):
+    paired = Paired(longformer_n1024_forward=[1.5])
     assert gate(storage, candidate, paired) == 1
-    assert paired.asked.count(SLOW) == 3 and paired.asked.count(FAST) == 1
+    assert paired.asked.count(SLOW) == 1 and paired.asked.count(FAST) == 1
     captured = capsys.readouterr()
     [line] = [line for line in captured.err.splitlines() if "SLOWER" in line]
-    assert line == (
-        f"  SLOWER   {SLOW}: +50% (median of 27 blocks in 3 measurements: +50%, +45%, +52%)"
-    )
+    assert line == f"  SLOWER   {SLOW}: +50% (9 blocks)"
     assert "FAILED, 1 of 2 benchmarks more than 30% slower than on abcdef0" in captured.err
     assert "Traceback" not in captured.out + captured.err
 
 
+def test_a_slow_down_in_doubt_is_measured_until_settled(storage, candidate, capsys):
+    paired = Paired(longformer_n1024_forward=[SPREAD, (1.5,) * 5, (1.5,) * 5])
+    assert gate(storage, candidate, paired) == 1
+    assert paired.asked.count(SLOW) == 3
+    assert (
+        f"  SLOWER   {SLOW}: +50% (median of 15 blocks in 3 measurements: +50%, +50%, +50%)"
+        in capsys.readouterr().err
+    )
+
+
 def test_a_burst_of_load_on_one_measurement_is_outvoted(storage, candidate, capsys):
-    paired = Paired(longformer_n1024_forward=[1.8, 1.02, 1.05])
+    paired = Paired(longformer_n1024_forward=[(1.0, 1.05, 1.9, 2.0, 1.0), (1.02,) * 5, (1.02,) * 5])
     assert gate(storage, candidate, paired) == 0
     assert paired.asked.count(SLOW) == 3
     out = capsys.readouterr().out
-    assert f"ok       {SLOW}: +5% (median of 27 blocks in 3 measurements: +80%, +2%, +5%)" in out
+    assert f"ok       {SLOW}: +2% (median of 15 blocks in 3 measurements: +5%, +2%, +2%)" in out
 
 
 def test_a_slow_down_measured_under_the_threshold_once_is_measured_again(storage, candidate):
-    """Measured +24% (a burst of load on the baseline's rounds), then +50% twice: the
-    median of all blocks fails it, where the first measurement alone would have passed."""
-    paired = Paired(longformer_n1024_forward=[1.24, 1.5, 1.5])
+    """Measured +24% (a burst of load on the baseline's rounds), with blocks up to +50%:
+    measured again, the median of all blocks fails it, where the first alone passed."""
+    paired = Paired(longformer_n1024_forward=[(1.24, 1.1, 1.5, 1.45, 1.2), (1.5,) * 5, (1.5,) * 5])
     assert gate(storage, candidate, paired) == 1
-    unchanged = Paired(longformer_n1024_forward=[1.1])  # under half the threshold: once
+    unchanged = Paired(longformer_n1024_forward=[1.1])  # settled under the threshold: once
     assert gate(storage, candidate, unchanged) == 0 and unchanged.asked.count(SLOW) == 1
+
+
+def test_measurements_stop_at_the_limit_and_the_median_decides(storage, candidate):
+    paired = Paired(longformer_n1024_forward=[SPREAD])  # never settles
+    assert gate(storage, candidate, paired) == 1
+    assert paired.asked.count(SLOW) == time_gate.MAX_MEASUREMENTS
+
+
+def test_the_interval_of_five_blocks_is_their_range():
+    verdict = time_gate.Verdict(SLOW, [rounds(SLOW, SPREAD)])
+    assert verdict.interval == pytest.approx((1.1, 1.7)) and verdict.slowdown == pytest.approx(1.5)
+    assert not verdict.settled(0.3) and verdict.settled(0.05) and verdict.settled(0.8)
 
 
 def test_the_threshold_is_a_setting(storage, candidate):

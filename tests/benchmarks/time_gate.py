@@ -12,8 +12,9 @@ worth having between one run and the next. The saved baseline names a commit; ev
 benchmark the two runs share is timed again in paired rounds (paired.py) on that commit's
 code (exported from git) and on the working tree, taking turns a fraction of a second
 apart, and the gate reads the median of their ratios over blocks of rounds. A benchmark
-more than half the threshold slower is measured again, up to MAX_MEASUREMENTS times, and
-judged on the median of all its blocks; one more than the threshold slower fails, in one
+whose median's confidence interval holds the threshold is measured again, up to
+MAX_MEASUREMENTS times, and judged on the median of all its blocks; one more than the
+threshold slower fails, in one
 line: `SLOWER   test_attention[longformer-n1024-forward]: +48% (median of 15 blocks ...)`.
 
 The candidate run (the suite's run of the working tree) names the benchmarks, and gives
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import math
 import statistics
 import subprocess
 import sys
@@ -46,11 +48,12 @@ from tests.benchmarks.paired import PairedMeasurer, PairedRounds
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_THRESHOLD_PERCENT = 30
-MAX_MEASUREMENTS = 3
-"""A benchmark whose blocks put it more than half the threshold slower is measured again,
-up to this many times in all, and judged on the median of all its blocks: a burst of load
-on a few rounds can push one measurement across the threshold either way, and more blocks
-pull it back to what the code does."""
+MAX_MEASUREMENTS = 4
+"""A benchmark is measured again, up to this many times in all, while the 95 % confidence
+interval of its blocks' median holds the threshold: a burst of load on a few rounds can
+push a median across the threshold either way, and more blocks pull it back to what the
+code does. Judged, in the end, on the median of all its blocks."""
+CONFIDENCE_Z = 1.96
 
 Measure = Callable[[dict[str, Any]], "PairedRounds | str"]
 """Times one saved benchmark in paired rounds on both codes, or says why it cannot."""
@@ -121,9 +124,27 @@ class Verdict:
     measurements: list[PairedRounds]
 
     @property
+    def blocks(self) -> list[float]:
+        return sorted(block for rounds in self.measurements for block in rounds.blocks)
+
+    @property
     def slowdown(self) -> float:
         """The median of every block of every measurement."""
-        return statistics.median(block for rounds in self.measurements for block in rounds.blocks)
+        return statistics.median(self.blocks)
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        """A distribution-free 95 % confidence interval of that median: the blocks of rank
+        (n ∓ z·√n) / 2 (with 5 blocks, the least and the greatest)."""
+        blocks = self.blocks
+        n = len(blocks)
+        k = max(0, math.floor((n - CONFIDENCE_Z * math.sqrt(n)) / 2))
+        return blocks[k], blocks[n - 1 - k]
+
+    def settled(self, threshold: float) -> bool:
+        """True when the interval lies on one side of the threshold."""
+        low, high = self.interval
+        return high <= 1 + threshold or low > 1 + threshold
 
     def describe(self) -> str:
         """`+48% (9 blocks, 1.50x injected)`, or for several measurements
@@ -145,9 +166,9 @@ def judge(
     measure: Measure,
     max_measurements: int = MAX_MEASUREMENTS,
 ) -> tuple[list[Verdict], list[Verdict], list[str]]:
-    """(passed, slower, skipped): every benchmark timed in paired rounds, again while its
-    blocks' median is over half the threshold (up to `max_measurements` in all), one line
-    printed per benchmark as it is judged."""
+    """(passed, slower, skipped): every benchmark timed in paired rounds, again while the
+    confidence interval of its blocks' median holds the threshold (up to
+    `max_measurements` in all), one line printed per benchmark as it is judged."""
     passed: list[Verdict] = []
     slower: list[Verdict] = []
     skipped: list[str] = []
@@ -159,7 +180,7 @@ def judge(
             print(f"{prefix} skipped  {entry['name']}: {measured}", flush=True)
             continue
         verdict = Verdict(entry["name"], [measured])
-        while verdict.slowdown > 1 + threshold / 2 and len(verdict.measurements) < max_measurements:
+        while not verdict.settled(threshold) and len(verdict.measurements) < max_measurements:
             again = measure(entry)
             if isinstance(again, str):
                 raise PlaygroundError(f"timing {entry['name']} again failed: {again}")
