@@ -91,7 +91,7 @@ class AttentionVariant(nn.Module):
     display_name: ClassVar[str | None] = None
     """How legends, tables and the report name the variant ("T5 relative bias"); None:
     its registry name."""
-    check_options: ClassVar[dict[str, Any]] = {}
+    suite_options: ClassVar[dict[str, Any]] = {}
     """Options the contract suite builds the variant with, so that its small inputs
     exercise what is special about it (a window shorter than the sequence, say)."""
 

@@ -36,7 +36,7 @@ from playground.measure import (
 )
 from playground.registry import Registry
 from playground.results import ENV, OVERRIDES, SPEC, RunStore, environment
-from playground.spec import Spec, TaskRun, VariantRun
+from playground.spec import Spec, TaskRun, VariantPoint
 
 BACKWARD_FLOPS_FACTOR = 3
 """forward + backward ≈ 3 × forward FLOPs (the backward computes two products per
@@ -51,7 +51,7 @@ class Cell:
     """One measurement: a variant point at one length and pass (cost), or trained on one
     task over its seeds (accuracy)."""
 
-    variant: VariantRun
+    variant: VariantPoint
     seq_len: int | None = None
     pass_name: str | None = None
     task: TaskRun | None = None

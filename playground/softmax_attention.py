@@ -88,7 +88,7 @@ class SoftmaxAttention(AttentionVariant):
         need_weights=True,
         dtypes=(torch.float32, torch.float64, torch.bfloat16),
     )
-    check_options: ClassVar[dict[str, Any]] = {"block_size": 32}  # partial and several blocks
+    suite_options: ClassVar[dict[str, Any]] = {"block_size": 32}  # partial and several blocks
     additive_score_mod: ClassVar[bool] = False
     """True when `score_mod(score, …)` is `score + f(b, h, q_idx, kv_idx)`: the CPU fast
     path then hands f to fused SDPA as a bias instead of forming the scores itself. The

@@ -70,7 +70,7 @@ class SpecError(ConfigError):
 
 
 @dataclass(frozen=True)
-class VariantRun:
+class VariantPoint:
     """One variant with one concrete set of options (a point of a sweep)."""
 
     name: str
@@ -110,7 +110,7 @@ class Spec:
     path: Path
     text: str
     description: str = ""
-    variants: tuple[VariantRun, ...] = ()
+    variants: tuple[VariantPoint, ...] = ()
     seq_lens: tuple[int, ...] = (256, 512, 1024)
     batch_size: int = 1
     d_model: int = 512
@@ -195,7 +195,7 @@ def _is_sweep(value: Any, annotation: Any) -> bool:
 
 def expand_variant(
     name: str, options: dict[str, Any], registry: Registry, where: str
-) -> list[VariantRun]:
+) -> list[VariantPoint]:
     """Every point of the sweep over list-valued options, each validated by the variant's
     own config (unknown option, wrong type, invalid value: SpecError naming `where`)."""
     cls = registry.get(name)
@@ -216,7 +216,7 @@ def expand_variant(
             build_config(cls.Config, chosen, name)
         except ConfigError as error:
             raise SpecError(f"{where}: {error}") from None
-        runs.append(VariantRun(name, chosen))
+        runs.append(VariantPoint(name, chosen))
     return runs
 
 
@@ -277,7 +277,7 @@ def load_spec(path: str | Path, registry: Registry) -> Spec:
     entries = data.get("variants")
     if entries is None:
         entries = [{"name": name} for name in registry.names()]
-    variants: list[VariantRun] = []
+    variants: list[VariantPoint] = []
     for index, entry in enumerate(entries):
         where = f"{path}: variants[{index}]"
         if isinstance(entry, str):
@@ -383,7 +383,7 @@ def apply_overrides(spec: Spec, registry: Registry, overrides: dict[str, Any]) -
         repeated = _repeated(overrides["variants"])
         if repeated:
             raise SpecError(f"--variants names {repeated} more than once; give each name once")
-        chosen: list[VariantRun] = []
+        chosen: list[VariantPoint] = []
         for name in overrides["variants"]:
             _check_variant_name(name, registry, spec.path, "--variants")
             listed = [v for v in spec.variants if v.name == name]

@@ -123,7 +123,7 @@ class LinformerAttention(AttentionVariant):
         max_seq_len=LinformerConfig.seq_len,  # per instance: the seq_len option
         dtypes=(torch.float32, torch.float64, torch.bfloat16),
     )
-    check_options = {"seq_len": 130, "k": 8}  # the suite's long length, 130, fits
+    suite_options = {"seq_len": 130, "k": 8}  # the suite's long length, 130, fits
 
     @staticmethod
     def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: object) -> float:

@@ -94,7 +94,7 @@ class LongformerAttention(AttentionVariant):
         dtypes=(torch.float32, torch.float64, torch.bfloat16),
     )
     forward_kwargs = ("global_attention_mask",)
-    check_options = {"attention_window": 4, "global_tokens": (0,)}
+    suite_options = {"attention_window": 4, "global_tokens": (0,)}
 
     @staticmethod
     def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: object) -> float:

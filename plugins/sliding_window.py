@@ -32,7 +32,7 @@ class SlidingWindowAttention(playground.SoftmaxAttention):
     paper = "Jiang et al. 2023, Mistral 7B, §2 (sliding window attention)"
     Config = SlidingWindowConfig
     colour = "#17becf"  # cyan, in every figure
-    check_options = {**playground.SoftmaxAttention.check_options, "window": 4}
+    suite_options = {**playground.SoftmaxAttention.suite_options, "window": 4}
 
     @staticmethod
     def flops(n_q, n_k, d_model, num_heads, window=512, **options):

@@ -147,7 +147,7 @@ class T5RelativeAttention(AttentionVariant):
     )
     # Blocks of 5 queries (a partial last block, causal key skipping) and buckets that
     # reach their log-spaced and clamped ranges within the suite's 16 tokens.
-    check_options = {"block_size": 5, "num_buckets": 8, "max_distance": 6}
+    suite_options = {"block_size": 5, "num_buckets": 8, "max_distance": 6}
 
     @staticmethod
     def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: object) -> float:

@@ -108,7 +108,7 @@ def _padding_case(name):
     modules = []
     for impl in ("fast", "reference"):
         torch.manual_seed(0)
-        modules.append(cls(d_model=16, num_heads=2, **{**cls.check_options, "impl": impl}).eval())
+        modules.append(cls(d_model=16, num_heads=2, **{**cls.suite_options, "impl": impl}).eval())
     x = torch.randn(3, 12, 16)
     mask = torch.ones(3, 12, dtype=torch.bool)
     mask[1, 8:] = False
@@ -179,7 +179,7 @@ def test_empty_inputs_give_the_same_empty_result_in_both_paths(name, shape):
     x = torch.randn(*shape, 16)
     outputs = []
     for impl in ("fast", "reference"):
-        module = cls(d_model=16, num_heads=2, **{**cls.check_options, "impl": impl})
+        module = cls(d_model=16, num_heads=2, **{**cls.suite_options, "impl": impl})
         result = module(x, need_weights=module.capabilities.need_weights)
         outputs.append(result)
         assert result.output.shape == x.shape

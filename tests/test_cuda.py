@@ -41,7 +41,7 @@ def test_fast_matches_reference_on_cuda(name, n, dtype):
     if dtype not in cls.capabilities.dtypes:
         pytest.skip(f"{name} does not declare {dtype}")
     torch.manual_seed(0)
-    module = REGISTRY.build(name, 64, 4, **cls.check_options).to("cuda", dtype)
+    module = REGISTRY.build(name, 64, 4, **cls.suite_options).to("cuda", dtype)
     for causal in (False, True) if cls.capabilities.causal else (False,):
         for padded in (False, True) if cls.capabilities.padding_mask else (False,):
             tokens, mask = inputs(n, dtype, padded)

@@ -144,7 +144,7 @@ def model_config(variant: str, options: dict[str, Any], causal: bool) -> ModelCo
 
 def same_model(registry: Registry, copy: Copy) -> None:
     cls = registry.get(copy.original)
-    options = dict(cls.check_options)
+    options = dict(cls.suite_options)
     tokens = torch.randint(1, 12, (2, 16), generator=torch.Generator().manual_seed(0))
     for causal in (False, True) if cls.capabilities.causal else (False,):
         models = []
@@ -158,14 +158,14 @@ def same_model(registry: Registry, copy: Copy) -> None:
 
 
 def same_fidelity(registry: Registry, copy: Copy) -> None:
-    original, renamed_copy = build_pair(registry, copy, registry.get(copy.original).check_options)
+    original, renamed_copy = build_pair(registry, copy, registry.get(copy.original).suite_options)
     assert measure_fidelity(original, 64, 2, 0) == measure_fidelity(renamed_copy, 64, 2, 0)
 
 
 def same_figures(registry: Registry, copy: Copy) -> None:
     a, b = registry.get(copy.original), registry.get(copy.copy)
     assert (a.colour, a.display_name) == (b.colour, b.display_name)
-    options = a.check_options
+    options = a.suite_options
     assert copy.options(a.picture_options(options, 64)) == b.picture_options(
         copy.options(options), 64
     )
@@ -207,7 +207,7 @@ def same_run_and_report(registry: Registry, made: list[Copy], tmp_path: Path) ->
     entries = []
     for copy in made:
         cls = registry.get(copy.original)
-        options = {k: list(v) if isinstance(v, tuple) else v for k, v in cls.check_options.items()}
+        options = {k: list(v) if isinstance(v, tuple) else v for k, v in cls.suite_options.items()}
         for name, chosen in ((copy.original, options), (copy.copy, copy.options(options))):
             table = "".join(f"{k} = {toml_value(v)}\n" for k, v in chosen.items())
             entries.append(f'[[variants]]\nname = "{name}"\n{table}')

@@ -219,7 +219,7 @@ def test_default_scale_and_flops():
 
 
 def test_contract_suite_with_default_options():
-    """The contract suite runs with small buckets (check_options); T5's defaults pass too."""
+    """The contract suite runs with small buckets (suite_options); T5's defaults pass too."""
     report = check_attention(
         "t5_relative", options={"num_buckets": 32, "max_distance": 128, "block_size": 1024}
     )

@@ -19,7 +19,7 @@ BASE_LENGTHS = (1, 2, 16)
 
 MAX_LENGTH = 2 * LONG_LENGTH
 """Special sizes past this are not tested (causality costs O(n²) calls' worth of work):
-a variant's `check_options` make its special sizes small, as the shipped ones do."""
+a variant's `suite_options` make its special sizes small, as the shipped ones do."""
 
 Mode = Literal["eval", "train"]
 MODES: tuple[Mode, ...] = ("eval", "train")
@@ -63,7 +63,7 @@ class Subject:
         self, dtype: torch.dtype = torch.float32, mode: Mode = "eval", **overrides: Any
     ) -> AttentionVariant:
         torch.manual_seed(0)
-        options = {**self.cls.check_options, **self.options, "impl": self.impl, **overrides}
+        options = {**self.cls.suite_options, **self.options, "impl": self.impl, **overrides}
         module = self.cls(d_model=self.d_model, num_heads=self.num_heads, **options)
         module = module.to(dtype)
         return module.train() if mode == "train" else module.eval()

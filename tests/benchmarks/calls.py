@@ -19,7 +19,7 @@ import torch
 from playground.registry import default_registry
 from playground.runner import BACKWARD_FLOPS_FACTOR
 from playground.runner import workload as runner_workload
-from playground.spec import Spec, VariantRun
+from playground.spec import Spec, VariantPoint
 from tests.benchmarks.slowdown import injected_slowdowns, slowed_down
 
 
@@ -35,7 +35,7 @@ class BenchmarkCall:
     extra_info: dict[str, Any]
 
 
-def labelled_points(spec: Spec) -> dict[str, VariantRun]:
+def labelled_points(spec: Spec) -> dict[str, VariantPoint]:
     """The quick spec's variant points by benchmark label: the name, or the full label
     for a name the spec sweeps."""
     names = [variant.name for variant in spec.variants]
@@ -58,7 +58,7 @@ def _synchronised(workload: Callable[[], None], device: str) -> Callable[[], Non
 
 
 def build_call(
-    spec: Spec, point: VariantRun, label: str, device: str, seq_len: int, pass_name: str
+    spec: Spec, point: VariantPoint, label: str, device: str, seq_len: int, pass_name: str
 ) -> BenchmarkCall:
     """The benchmark `label-n{seq_len}-{pass_name}`, warmed up once. The variant's refusal
     of this size (UnsupportedFeature) comes out of the warm-up, before anything is timed."""

@@ -29,7 +29,7 @@ import torch
 from playground.measure import gemm_flops_per_second
 from playground.registry import default_registry
 from playground.results import environment
-from playground.spec import Spec, VariantRun, load_spec
+from playground.spec import Spec, VariantPoint, load_spec
 from tests.benchmarks.calls import labelled_points
 
 SEQ_LENS_ENV = "PLAYGROUND_BENCH_SEQ_LENS"
@@ -49,7 +49,7 @@ class BenchSettings:
     smoke: bool
     """No sizes were asked for: run each benchmark once to prove it works."""
 
-    def variant(self, label: str) -> VariantRun:
+    def variant(self, label: str) -> VariantPoint:
         """The spec's variant point that `pytest_generate_tests` named `label`."""
         return labelled_points(self.spec)[label]
 

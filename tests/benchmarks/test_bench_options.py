@@ -38,11 +38,19 @@ def test_a_slowdown_needs_a_factor_above_one(monkeypatch, text):
         injected_slowdowns()
 
 
-def test_the_slowed_workload_still_does_its_own_work_once_per_call():
+@pytest.mark.parametrize("factor", [1.5, 2.0, 1.25, 3.7])
+def test_the_slowed_workload_does_factor_times_its_own_work(factor):
     calls = []
-    slower, factor = slowed_down(lambda: calls.append(torch.ones(64, 64).sum()), 1.5)
-    calls.clear()
-    slower()
-    slower()
-    assert len(calls) == 2
-    assert factor > 1
+    slower, injected = slowed_down(lambda: calls.append(1), factor)
+    for count in range(1, 41):
+        slower()
+        assert abs(len(calls) - factor * count) < 1  # within one call, at every count
+    assert injected == factor
+    pairs = [len(calls)]  # any two consecutive calls of a 1.5 slow-down: three workloads
+    if factor == 1.5:
+        for _ in range(6):
+            before = len(calls)
+            slower()
+            slower()
+            pairs.append(len(calls) - before)
+        assert set(pairs[1:]) == {3}
