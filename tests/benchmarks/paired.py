@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -149,6 +150,12 @@ class PairedMeasurer:
     candidate's code, so only its worker sees it."""
 
     def __init__(self, baseline_code: Path, candidate_code: Path, threads: int, device: str):
+        self.arguments = (baseline_code, candidate_code, threads, device)
+        self.measured: dict[str, int] = {}
+        self._start()
+
+    def _start(self) -> None:
+        baseline_code, candidate_code, threads, device = self.arguments
         candidate_env = dict(os.environ)
         baseline_env = {k: v for k, v in candidate_env.items() if k != SLOWDOWN_ENV}
         self.baseline = Worker(baseline_code, threads, device, baseline_env)
@@ -162,7 +169,16 @@ class PairedMeasurer:
         self.candidate.close()
 
     def measure(self, entry: dict[str, Any]) -> PairedRounds | str:
-        """The saved benchmark `entry` timed in paired rounds, or why it cannot be."""
+        """The saved benchmark `entry` timed in paired rounds, or why it cannot be.
+
+        Measured again, a benchmark is timed by two new worker processes: on a loaded
+        machine the scheduler can favour one process's threads over the other's for many
+        seconds, which the alternation does not cancel but new processes redraw."""
+        if self.measured.get(entry["name"]):
+            self.baseline.close()
+            self.candidate.close()
+            self._start()
+        self.measured[entry["name"]] = self.measured.get(entry["name"], 0) + 1
         request = dict(
             op="build",
             label=entry.get("params", {}).get("variant", entry["extra_info"]["variant"]),
@@ -187,9 +203,12 @@ class PairedMeasurer:
         for worker in (self.baseline, self.candidate):  # one untimed round each
             worker.ask(op="round", iterations=iterations)
         rounds: dict[str, list[dict[str, float]]] = {"baseline": [], "candidate": []}
-        for pair in range(2 * blocks):
-            order = ("baseline", "candidate") if pair % 2 == 0 else ("candidate", "baseline")
-            for side in order:
+        # Each block is A B, B A or B A, A B, drawn at random (seeded by the benchmark), so
+        # that a load that comes and goes with a period cannot fall on one side's rounds.
+        draw = random.Random(f"{entry['name']}:{self.measured[entry['name']]}")
+        for _ in range(blocks):
+            first = draw.choice((("baseline", "candidate"), ("candidate", "baseline")))
+            for side in (*first, *reversed(first)):
                 worker = self.baseline if side == "baseline" else self.candidate
                 rounds[side].append(worker.ask(op="round", iterations=iterations))
         return PairedRounds(

@@ -276,6 +276,10 @@ def test_the_workers_time_rounds_on_their_own_code(monkeypatch):
         with pytest.raises(PlaygroundError, match="KeyError"):
             paired.baseline.ask(op="build")  # a malformed request: an error, the worker lives
         assert isinstance(paired.measure(entry("vanilla", 32, "forward_backward")), PairedRounds)
+        before = (paired.baseline.process.pid, paired.candidate.process.pid)
+        assert isinstance(paired.measure(entry("vanilla", 32, "forward_backward")), PairedRounds)
+        after = (paired.baseline.process.pid, paired.candidate.process.pid)
+        assert set(before).isdisjoint(after)  # measured again: by two new processes
 
 
 def test_a_worker_that_dies_is_reported_with_its_errors(tmp_path):
