@@ -220,7 +220,7 @@ class T5RelativeAttention(AttentionVariant):
         return AttentionOutput(output, weights if need_weights else None)
 
     # --- the fast path ------------------------------------------------------------------
-    def _relative_bias(self, n_q: int, n_k: int, is_causal: bool) -> torch.Tensor:
+    def _bias_per_offset(self, n_q: int, n_k: int, is_causal: bool) -> torch.Tensor:
         """(H, Nq + Nk − 1): the bias of every relative position j − i from −(Nq − 1) to
         Nk − 1, what the core's `relative_bias_attention` takes."""
         table = self.relative_attention_bias.weight  # (num_buckets, H)
@@ -247,7 +247,7 @@ class T5RelativeAttention(AttentionVariant):
             q,
             k,
             v,
-            self._relative_bias(n_q, n_k, is_causal),
+            self._bias_per_offset(n_q, n_k, is_causal),
             attention_mask,
             is_causal,
             self.scale,
