@@ -189,6 +189,17 @@ def test_runs_that_differ_are_not_compared(storage, tmp_path, capsys, candidate,
     assert message in capsys.readouterr().err
 
 
+def test_a_baseline_without_its_thread_count_asks_for_a_new_one(tmp_path, capsys):
+    for folder in ("store", "candidates"):
+        path = save_run(tmp_path / folder, 1, PEAKS, mins_s=MINS)
+        data = json.loads(path.read_text())
+        for benchmark in data["benchmarks"]:
+            del benchmark["extra_info"]["threads"]  # as a run saved before threads were kept
+        path.write_text(json.dumps(data))
+    assert gate(tmp_path / "store", path, Paired()) == 2
+    assert "does not record the threads" in capsys.readouterr().err
+
+
 def test_nothing_to_compare_is_an_error_not_a_pass(tmp_path, candidate, capsys):
     assert gate(tmp_path / "missing", candidate, Paired()) == 2
     save_run(tmp_path / "store", 1, {"vanilla-n64-forward": 1})

@@ -74,10 +74,15 @@ def refusal(baseline: SavedRun, candidate: SavedRun) -> str | None:
             f"runs timed with different thread counts ({before} -> {after}); set "
             f"PLAYGROUND_BENCH_THREADS={before} or save a new baseline with `nox -s bench`"
         )
+    if not isinstance(before, int) or before < 1:
+        return (
+            f"{baseline.path} does not record the threads it was timed with; save a new "
+            f"baseline with `nox -s bench`"
+        )
     return None
 
 
-def _threads(run: SavedRun) -> object:
+def _threads(run: SavedRun) -> Any:
     benchmarks = run.attention_benchmarks()
     return benchmarks[0]["extra_info"].get("threads") if benchmarks else None
 
@@ -236,7 +241,7 @@ def main(argv: Sequence[str] | None = None, measure: Measure | None = None) -> i
             with tempfile.TemporaryDirectory(prefix="time-gate-baseline-") as folder:
                 code = export_commit(baseline.clean_commit, baseline.commit, Path(folder))
                 device = str(baseline.machine_info.get("device") or "cpu").split(":")[0]
-                with PairedMeasurer(code, ROOT, int(_threads(baseline)), device) as paired:
+                with PairedMeasurer(code, ROOT, _threads(baseline), device) as paired:
                     passed, slower, skipped = judge(entries, threshold, paired.measure)
     except PlaygroundError as error:
         print(f"time gate: {error}", file=sys.stderr)
