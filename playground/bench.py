@@ -1,12 +1,15 @@
-"""Forward-pass cost of variants at growing sequence lengths, in one process:
+"""Cost of variants at growing sequence lengths, in one process:
 
     python -m playground.bench --variants vanilla,longformer --seq-lens 2048,4096,8192,16384
+    python -m playground.bench --variants alibi --pass forward_backward --option alibi.learnable_slopes=true
 
-For each (variant, n): median forward time, efficiency (useful FLOP/s from the variant's
-own `flops()`, projections included, ÷ the FLOP/s of a large matmul measured at start),
-and peak memory above the inputs; then the fitted log-log exponents of time and memory
-over n. Batch 1 and fp32 by default, under `torch.no_grad()`, on `--threads N` torch
-threads (default: torch.get_num_threads()), the GEMM included.
+For each (variant, n): median time of the pass, efficiency (useful FLOP/s from the
+variant's own `flops()`, projections included, ×3 for forward+backward, ÷ the FLOP/s of a
+large matmul measured at start), and peak memory above the inputs; then the fitted
+log-log exponents of time and memory over n. The pass is the one `playground run` times
+(runner.Workload): forward under `torch.no_grad()`, or forward+backward in train mode.
+Batch 1 and fp32, on `--threads N` torch threads (default: torch.get_num_threads()), the
+GEMM included.
 """
 
 from __future__ import annotations
@@ -29,10 +32,11 @@ from playground.measure import (
     time_call,
 )
 from playground.registry import default_registry
+from playground.runner import BACKWARD_FLOPS_FACTOR, Workload
 
 
 @dataclass(frozen=True)
-class ForwardCost:
+class PassCost:
     variant: str
     seq_len: int
     time_s: float
@@ -43,7 +47,7 @@ class ForwardCost:
     threads: int
 
 
-def forward_cost(
+def pass_cost(
     variant: str,
     seq_len: int,
     gemm_flops: float,
@@ -53,14 +57,16 @@ def forward_cost(
     min_run_time: float = 0.5,
     options: dict | None = None,
     threads: int | None = None,
-) -> ForwardCost:
-    module = default_registry().build(variant, d_model, num_heads, **(options or {})).eval()
-    x = torch.randn(batch, seq_len, d_model)
-    with torch.no_grad():
-        timing = time_call(lambda: module(x), min_run_time, threads)
-        memory = peak_memory_bytes(lambda: module(x))
+    pass_name: str = "forward",
+) -> PassCost:
+    module = default_registry().build(variant, d_model, num_heads, **(options or {}))
+    workload = Workload(module, torch.randn(batch, seq_len, d_model), pass_name)
+    timing = time_call(workload, min_run_time, threads)
+    memory = peak_memory_bytes(workload)
     flops = batch * module.count_flops(seq_len, seq_len)
-    return ForwardCost(
+    if pass_name == "forward_backward":
+        flops *= BACKWARD_FLOPS_FACTOR
+    return PassCost(
         variant,
         seq_len,
         timing.median_s,
@@ -83,6 +89,13 @@ def _main(argv: list[str] | None) -> None:
     parser = argparse.ArgumentParser(prog="python -m playground.bench", description=__doc__)
     parser.add_argument("--variants", default=None, help="comma-separated (default: all)")
     parser.add_argument("--seq-lens", default="2048,4096,8192,16384")
+    parser.add_argument(
+        "--pass",
+        dest="pass_name",
+        choices=("forward", "forward_backward"),
+        default="forward",
+        help="what is timed (default: forward)",
+    )
     parser.add_argument("--min-run-time", type=float, default=0.5, help="seconds per cell")
     parser.add_argument(
         "--threads",
@@ -109,7 +122,9 @@ def _main(argv: list[str] | None) -> None:
     threads = resolve_threads(arguments.threads)
     gemm = gemm_flops_per_second(threads=threads)
     console = Console()
-    console.print(f"GEMM fp32: {gemm / 1e9:.1f} GFLOP/s, {threads} threads")
+    console.print(
+        f"GEMM fp32: {gemm / 1e9:.1f} GFLOP/s, {threads} threads; pass: {arguments.pass_name}"
+    )
     table = Table(
         "variant", "n", "time ms", "IQR ms", "GFLOP/s", "efficiency", "peak MiB", "status"
     )
@@ -118,13 +133,14 @@ def _main(argv: list[str] | None) -> None:
         costs = []
         for n in seq_lens:
             try:
-                cost = forward_cost(
+                cost = pass_cost(
                     variant,
                     n,
                     gemm,
                     min_run_time=arguments.min_run_time,
                     options=options.get(variant),
                     threads=threads,
+                    pass_name=arguments.pass_name,
                 )
             except UnsupportedFeature as unsupported:  # recorded, and the sweep goes on
                 table.add_row(variant, str(n), "-", "-", "-", "-", "-", escape(str(unsupported)))

@@ -5,7 +5,8 @@ variant keeps its projections, its rules for which token is which, and its outpu
 - `banded_attention`: each query sees the keys within a band around it, plus a few prefix
   keys (global tokens) that every query may see; O(N · (band + G)) time and memory.
 - `relative_bias_attention`: softmax(scale · q kᵀ + T) v with a Toeplitz bias T (one value
-  per head and relative position j − i), blocked over queries, recomputed in backward.
+  per head and relative position j − i), blocked over queries, with a fused backward that
+  gives T its gradient.
 
 Both run on torch's fused `scaled_dot_product_attention` and are differentiable.
 """
@@ -134,6 +135,61 @@ def banded_attention(
     return context[:, :n]  # (B, N, E)
 
 
+class _FlashWithBiasGradient(torch.autograd.Function):
+    """softmax(scale · q kᵀ + bias) v for one block, with the gradient of the bias too
+    (SDPA gives none for `attn_mask`, and falls back to its unfused kernel when the mask
+    needs one).
+
+    forward: the CPU flash kernel, keeping its output O and per-row log-sum-exp L; nothing
+    of size (blk, Nk) is saved, `bias` being a view and padding a (B, Nk) mask.
+    backward, from the block's recomputed probabilities P = exp(scale · q kᵀ + bias − L):
+    dv = Pᵀ dO, dP = dO vᵀ, dS = P ⊙ (dP − rowsum(dO ⊙ O)), dq = scale · dS k,
+    dk = scale · dSᵀ q, and the bias gets dS summed over what it broadcasts: five products,
+    as many as the flash backward's own, which cannot return dS.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, keep, scale):
+        mask = bias if keep is None else bias.masked_fill(~keep, -math.inf)
+        out, log_sum_exp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, attn_mask=mask, scale=scale
+        )  # a row that sees no key: O = 0, L = 0
+        ctx.save_for_backward(q, k, v, bias, keep, out, log_sum_exp)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, bias, keep, out, log_sum_exp = ctx.saved_tensors
+        mask = bias if keep is None else bias.masked_fill(~keep, -math.inf)
+        batch, heads, block, n_k = *q.shape[:3], k.shape[2]
+        q, k, v = q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1)  # (B·H, ·, d)
+        grad_out, out = grad_out.flatten(0, 1), out.flatten(0, 1)
+        scores = torch.baddbmm(
+            -log_sum_exp.flatten(0, 1)[..., None], q, k.transpose(1, 2), alpha=ctx.scale
+        )  # scale · q kᵀ − L, (B·H, blk, Nk)
+        scores = scores.view(batch, heads, block, n_k).add_(mask).flatten(0, 1)
+        # exp is many times slower below −87, where float32 underflows, than above it:
+        # clamp there, then set what was clamped (P <= 1.65e−38: every hidden key) to 0.
+        probabilities = F.threshold_(scores.clamp_(min=-87.0).exp_(), 1.7e-38, 0.0)  # P
+        grad_v = torch.bmm(probabilities.transpose(1, 2), grad_out)
+        row_dot = (grad_out * out).sum(dim=-1, keepdim=True)  # rowsum(dO ⊙ O)
+        grad_scores = torch.bmm(grad_out, v.transpose(1, 2)).sub_(row_dot)  # dP − rowsum
+        grad_scores = grad_scores.mul_(probabilities)  # dS
+        grad_q = torch.bmm(grad_scores, k).mul_(ctx.scale)
+        grad_k = torch.bmm(grad_scores.transpose(1, 2), q).mul_(ctx.scale)
+        grad_bias = grad_scores.view(batch, heads, block, n_k).sum_to_size(bias.shape)
+        shape = (batch, heads, -1, q.shape[-1])
+        return (
+            grad_q.view(shape),
+            grad_k.view(shape),
+            grad_v.view(shape),
+            grad_bias,
+            None,
+            None,
+        )
+
+
 def relative_bias_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -156,9 +212,12 @@ def relative_bias_attention(
     How: with the keys reversed (j' = Nk − 1 − j) the bias depends on i + j' only, so each
     query's row of T is a window of one vector, and a block's (block, Nk) bias is a strided
     view of it, never materialised as an (Nq, Nk) matrix. SDPA's fused kernel then reads it
-    as an additive mask. In training, while the bias needs a gradient, SDPA keeps each
-    block's probabilities for backward; each block is recomputed in backward instead
-    (activation checkpointing), so memory stays at one block's worth.
+    as an additive mask; in inference without padding all queries go in one call.
+    In training, when the bias needs a gradient (a learned bias), each block runs on
+    `_FlashWithBiasGradient`, which keeps O(block) per block and forms the bias gradient
+    in its own backward; SDPA would fall back to its unfused kernel and keep every
+    block's probabilities. Under dropout, SDPA's unfused kernel runs and each block is
+    recomputed in backward (activation checkpointing), so memory stays at one block's worth.
     """
     n_q, n_k = q.shape[2], k.shape[2]
     k, v = k.flip(2), v.flip(2)  # key j at index Nk − 1 − j
@@ -175,8 +234,13 @@ def relative_bias_attention(
         first = max(0, n_k - stop) if is_causal else 0
         windows = bias[:, start + first : stop + n_k - 1]  # diagonals of this block
         mask = windows.unfold(1, n_k - first, 1)[None]  # (1, H, block, Nk − first), a view
+        block_keep = None if keep is None else keep[..., first:]
+        if fused_gradient:
+            return _FlashWithBiasGradient.apply(
+                q_block, k[:, :, first:], v[:, :, first:], mask, block_keep, scale
+            )
         if keep is not None:
-            mask = mask.masked_fill(~keep[..., first:], float("-inf"))  # (B, H, block, ·)
+            mask = mask.masked_fill(~block_keep, float("-inf"))  # (B, H, block, ·)
         return F.scaled_dot_product_attention(
             q_block,
             k[:, :, first:],
@@ -186,7 +250,15 @@ def relative_bias_attention(
             scale=scale,
         )  # (B, H, block, d)
 
-    recompute = torch.is_grad_enabled() and n_q > block_size
+    # The bias needs a gradient: the fused forward and backward above, which keep nothing
+    # of size (block, Nk), so no recomputation either. Otherwise SDPA keeps each block's
+    # probabilities for backward, and each block is recomputed in backward instead.
+    fused_gradient = (
+        torch.is_grad_enabled() and bias.requires_grad and dropout_p == 0.0 and not q.is_cuda
+    )
+    recompute = torch.is_grad_enabled() and n_q > block_size and not fused_gradient
+    if not torch.is_grad_enabled() and keep is None:
+        block_size = n_q  # nothing of size (block, Nk) is formed: one call is enough
     blocks = []
     for start in range(0, n_q, block_size):
         stop = min(start + block_size, n_q)

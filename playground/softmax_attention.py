@@ -13,7 +13,10 @@ call's padding mask and `is_causal` (AND-ed with `mask_mod`), queries that see n
   tensors (b (B,1,1,1), h (1,H,1,1), q_idx (1,1,Nq,1), kv_idx (1,1,1,Nk)), so a mod written
   with torch operations (`score - slope[h] * (q_idx - kv_idx).abs()`) works unchanged; then
   a masked softmax. The oracle.
-- CPU fast path, blocked over queries: `mask_mod` (with causality) is evaluated once per
+- CPU fast path. With no mods and no padding, one SDPA call. A `relative_score_mod`
+  (score + g(h, kv − q)) without a `mask_mod` is evaluated once per relative position and
+  run by `kernels.relative_bias_attention` (a Toeplitz view; a fused backward for g).
+  Otherwise blocked over queries: `mask_mod` (with causality) is evaluated once per
   shape into a map of the key span each block of queries can see, and keys outside it are
   never touched, so a window of w costs O(n·(w + block)) time and memory. Within a span,
   an additive `score_mod` (`additive_score_mod = True`: score + f(b, h, q, kv)) is turned
@@ -46,7 +49,11 @@ from playground.heads import (
     project_output,
     projection_flops,
 )
-from playground.masks import empty_query_rows, masked_softmax
+from playground.kernels import relative_bias_attention
+from playground.masks import empty_query_rows, masked_softmax, queries_without_keys
+
+MOD_CHUNK_ELEMENTS = 2**19
+"""How many (b, h, q, kv) entries the CPU fast path evaluates a mod on per call."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,12 @@ class SoftmaxAttention(AttentionVariant):
     """True when `score_mod(score, …)` is `score + f(b, h, q_idx, kv_idx)`: the CPU fast
     path then hands f to fused SDPA as a bias instead of forming the scores itself. The
     contract suite's fast-versus-reference check catches a wrong declaration."""
+    relative_score_mod: ClassVar[bool] = False
+    """True when `score_mod(score, b, h, q_idx, kv_idx)` is `score + g(h, kv_idx − q_idx)`:
+    additive, the same for every batch element, and a function of the relative position
+    only. The CPU fast path then evaluates g once per relative position, O(H · (Nq + Nk)),
+    and reads it as a Toeplitz bias (`kernels.relative_bias_attention`), never forming a
+    (blk, Nk) bias per block. Checked like `additive_score_mod`."""
 
     @staticmethod
     def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: object) -> float:
@@ -127,7 +140,7 @@ class SoftmaxAttention(AttentionVariant):
     def logit_bias(self, n_q: int, n_k: int) -> torch.Tensor | None:
         """An additive `score_mod`'s f(b, h, q_idx, kv_idx) for batch element 0: the
         bias figure draws it. None for a score_mod that is not additive, or none."""
-        if not (self._has_score_mod and self.additive_score_mod):
+        if not (self._has_score_mod and self._additive):
             return None
         device = next(self.parameters()).device
         b, h, q_idx, kv_idx = index_grid(
@@ -139,6 +152,10 @@ class SoftmaxAttention(AttentionVariant):
     @property
     def _has_score_mod(self) -> bool:
         return type(self).score_mod is not SoftmaxAttention.score_mod
+
+    @property
+    def _additive(self) -> bool:
+        return self.additive_score_mod or self.relative_score_mod
 
     @property
     def _has_mask_mod(self) -> bool:
@@ -183,7 +200,35 @@ class SoftmaxAttention(AttentionVariant):
             return self.forward_reference(query, key, value, attention_mask, is_causal, True)
         if query.is_cuda:
             return self._forward_flex(query, key, value, attention_mask, is_causal)
+        if self._has_score_mod and self.relative_score_mod and not self._has_mask_mod:
+            return self._forward_relative(query, key, value, attention_mask, is_causal)
         return self._forward_blocked(query, key, value, attention_mask, is_causal)
+
+    def _score_mod_per_offset(self, n_q: int, n_k: int, like: torch.Tensor) -> torch.Tensor:
+        """(H, Nq + Nk − 1): g(h, r) of a relative score_mod for r = kv_idx − q_idx from
+        −(Nq − 1) to Nk − 1, evaluated at in-range index pairs (q, kv) = (−r, 0) for r < 0
+        and (0, r) otherwise, so a mod that looks indices up in a table stays in it."""
+        offsets = torch.arange(-(n_q - 1), n_k, device=like.device)
+        zero = torch.zeros((), dtype=like.dtype, device=like.device)
+        b, h, q_idx, kv_idx = index_grid(1, self.num_heads, (-offsets).clamp(min=0), offsets)
+        bias = self.score_mod(zero, b, h, q_idx.view(1, 1, 1, -1), kv_idx.clamp(min=0))
+        return bias.to(like.dtype).broadcast_to(1, self.num_heads, 1, len(offsets))[0, :, 0]
+
+    def _forward_relative(self, query, key, value, attention_mask, is_causal) -> AttentionOutput:
+        q, k, v = project_heads(self, query, key, value)  # (B, H, N, d)
+        n_q, n_k = q.shape[2], k.shape[2]
+        context = relative_bias_attention(
+            q,
+            k,
+            v,
+            self._score_mod_per_offset(n_q, n_k, q),
+            attention_mask,
+            is_causal,
+            self.scale,
+            self.config.block_size,
+        )
+        empty = queries_without_keys(attention_mask, n_q, n_k, is_causal)  # (B, Nq, 1) or None
+        return AttentionOutput(project_output(self, context, empty), None)
 
     def _key_spans(
         self, batch: int, heads: int, n_q: int, n_k: int, is_causal: bool, device
@@ -216,6 +261,59 @@ class SoftmaxAttention(AttentionVariant):
         self._spans[cache_key] = spans
         return spans
 
+    def _span_mask(
+        self,
+        start: int,
+        key_start: int,
+        shape: tuple[int, int, int, int],
+        keep: torch.Tensor | None,
+        is_causal: bool,
+        like: torch.Tensor,
+        scratch: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """SDPA's attn_mask for one block of queries over its span of keys, and which of
+        its queries see any key: (mask, sees) with mask (B, H or 1, blk, span), bool or
+        the additive score_mod's bias with −inf where not allowed, and sees (B, H or 1,
+        blk); (None, None) when every query sees every key unbiased. `like` gives the
+        bias its dtype and device; `scratch` (flat uint8), if given, holds the mask.
+
+        The mods are evaluated a few rows at a time (MOD_CHUNK_ELEMENTS), so an eager
+        mod's intermediates stay in cache; one pass over the whole block is several
+        times slower than the attention it feeds."""
+        batch, heads, block, span = shape
+        keys = torch.arange(key_start, key_start + span, device=like.device)
+        rows = max(1, MOD_CHUNK_ELEMENTS // (batch * heads * span))
+        zero = torch.zeros((), dtype=like.dtype, device=like.device)
+        masks, sees = [], []
+        for first in range(start, start + block, rows):
+            queries = torch.arange(first, min(first + rows, start + block), device=keys.device)
+            b, h, q_idx, kv_idx = index_grid(batch, heads, queries, keys)
+            mask = None
+            if self._has_score_mod:  # f(b, h, q, kv), broadcast to this chunk's rows
+                bias = self.score_mod(zero, b, h, q_idx, kv_idx).to(like.dtype)
+                mask = bias.broadcast_to(
+                    torch.broadcast_shapes(bias.shape, (1, 1, len(queries), span))
+                )
+            allowed = self._allowed(b, h, q_idx, kv_idx, keep, is_causal)  # None: all seen
+            if allowed is not None:
+                allowed = allowed.expand(batch, -1, len(queries), span)
+                seen = allowed.any(dim=-1)  # (B, H or 1, rows)
+                # A query that sees nothing would make SDPA's softmax NaN: let it see its
+                # first key (finite), and zero it afterwards.
+                safe = allowed.clone()
+                safe[..., 0] |= ~seen
+                mask = safe if mask is None else mask.masked_fill(~safe, -math.inf)
+                sees.append(seen)
+            masks.append(mask)
+        if masks[0] is None:
+            return None, None
+        shape = (*masks[0].shape[:-2], block, span)
+        out = None
+        if scratch is not None:
+            size = math.prod(shape) * masks[0].element_size()
+            out = scratch[:size].view(masks[0].dtype).view(shape)
+        return torch.cat(masks, dim=-2, out=out), torch.cat(sees, dim=-1) if sees else None
+
     def _attend_span(
         self,
         start: int,
@@ -225,35 +323,30 @@ class SoftmaxAttention(AttentionVariant):
         k: torch.Tensor,
         v: torch.Tensor,
         keep: torch.Tensor | None,
+        scratch: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One block: q (B, H, blk, d) over the span's k, v (B, H, span, d) -> context
-        (B, H, blk, d) and empty (B, blk) bool, the queries that see no key at all."""
+        (B, H, blk, d) and empty (B, blk) bool, the queries that see no key at all.
+        `scratch`: memory for the block's mask (`_span_mask`)."""
         batch, heads, block, span = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
-        b, h, q_idx, kv_idx = index_grid(
-            batch,
-            heads,
-            torch.arange(start, start + block, device=q.device),
-            torch.arange(key_start, key_start + span, device=q.device),
-        )
-        allowed = self._allowed(b, h, q_idx, kv_idx, keep, is_causal)  # None: all seen
-        sees = None
-        if allowed is not None:
-            allowed = allowed.expand(batch, -1, block, span)  # (B, H or 1, blk, span)
-            sees = allowed.any(dim=-1)  # (B, H or 1, blk)
-        if self._has_score_mod and not self.additive_score_mod:
+        if self._has_score_mod and not self._additive:
+            b, h, q_idx, kv_idx = index_grid(
+                batch,
+                heads,
+                torch.arange(start, start + block, device=q.device),
+                torch.arange(key_start, key_start + span, device=q.device),
+            )
+            allowed = self._allowed(b, h, q_idx, kv_idx, keep, is_causal)  # None: all seen
+            sees = None
+            if allowed is not None:
+                allowed = allowed.expand(batch, -1, block, span)  # (B, H or 1, blk, span)
+                sees = allowed.any(dim=-1)  # (B, H or 1, blk)
             scores = self.score_mod(q @ k.transpose(-2, -1) * self.scale, b, h, q_idx, kv_idx)
             context = masked_softmax(scores.to(q.dtype), allowed) @ v
         else:
-            mask = None
-            if self._has_score_mod:
-                zero = torch.zeros((), dtype=q.dtype, device=q.device)
-                mask = self.score_mod(zero, b, h, q_idx, kv_idx).to(q.dtype)  # f(b, h, q, kv)
-            if sees is not None:
-                # A query that sees nothing would make SDPA's softmax NaN: let it see its
-                # first key (finite), and zero it afterwards.
-                safe = allowed.clone()
-                safe[..., 0] |= ~sees
-                mask = safe if mask is None else mask.masked_fill(~safe, -math.inf)
+            mask, sees = self._span_mask(
+                start, key_start, (batch, heads, block, span), keep, is_causal, q, scratch
+            )
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
             if sees is not None:
                 context = context.masked_fill(~sees[..., None], 0.0)
@@ -263,17 +356,33 @@ class SoftmaxAttention(AttentionVariant):
 
     def _forward_blocked(self, query, key, value, attention_mask, is_causal) -> AttentionOutput:
         q, k, v = project_heads(self, query, key, value)  # (B, H, N, d)
+        if not (self._has_score_mod or self._has_mask_mod) and attention_mask is None:
+            # Nothing to mask but causality, which SDPA does itself: no blocks needed.
+            context = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=self.scale)
+            return AttentionOutput(project_output(self, context, None), None)
         batch, heads, n_q, n_k = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
         spans = self._key_spans(batch, heads, n_q, n_k, is_causal, q.device)
         # Training: recompute each block in backward, so only one block's scores live.
         recompute = torch.is_grad_enabled() and len(spans) > 1
+        scratch = None
+        if not torch.is_grad_enabled() and (self._additive or not self._has_score_mod):
+            # Inference: every block's mask in one buffer, whose pages are then touched
+            # once per call; a fresh large allocation per block costs as much in page
+            # faults as evaluating the mod.
+            widest = max(
+                (stop - start) * (key_stop - key_start)
+                for start, stop, key_start, key_stop in spans
+            )
+            scratch = q.new_empty(batch * heads * widest * q.element_size(), dtype=torch.uint8)
         contexts, empties = [], []
         for start, stop, key_start, key_stop in spans:
             if key_stop <= key_start:  # this block sees no key at all
                 contexts.append(q.new_zeros(batch, heads, stop - start, q.shape[-1]))
                 empties.append(torch.ones(batch, stop - start, dtype=torch.bool, device=q.device))
                 continue
-            attend = functools.partial(self._attend_span, start, key_start, is_causal)
+            attend = functools.partial(
+                self._attend_span, start, key_start, is_causal, scratch=scratch
+            )
             arguments = (
                 q[:, :, start:stop],
                 k[:, :, key_start:key_stop],

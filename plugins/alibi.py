@@ -38,7 +38,7 @@ class AlibiAttention(playground.SoftmaxAttention):
     Config = AlibiConfig
     colour = "#ff7f0e"  # orange, in every figure
     encodes_positions = True  # the bias replaces position embeddings (§3)
-    additive_score_mod = True
+    relative_score_mod = True  # −m_h·|i − j| depends on j − i only
 
     def __init__(self, d_model=512, num_heads=8, **options):
         super().__init__(d_model, num_heads, **options)

@@ -317,3 +317,26 @@ class LeaksAtLengthsDivisibleByThree(Vanilla):
         return super().forward_reference(query, key, value, attention_mask, causal, need_weights)
 
     forward_fast = None
+
+
+# --- wrong declarations: a SoftmaxAttention that promises what its score_mod is not ---
+class FalselyRelative(playground.SoftmaxAttention):
+    """Declares `relative_score_mod`, but its bias grows with the query's absolute
+    position: the relative fast path evaluates it at q = 0 or kv = 0 only."""
+
+    name = "broken_falsely_relative"
+    relative_score_mod = True
+
+    def score_mod(self, score, b, h, q_idx, kv_idx):
+        return score + 0.1 * q_idx * (kv_idx - q_idx).abs() / (1 + h)
+
+
+class FalselyAdditive(playground.SoftmaxAttention):
+    """Declares `additive_score_mod`, but scales the score: the blocked fast path adds
+    f(0) = 0 instead."""
+
+    name = "broken_falsely_additive"
+    additive_score_mod = True
+
+    def score_mod(self, score, b, h, q_idx, kv_idx):
+        return score * 0.5

@@ -9,6 +9,7 @@ import torch
 
 import playground
 from playground.heads import project_heads
+from playground.testing import check_attention
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.bloom.modeling_bloom import build_alibi_tensor  # noqa: E402
@@ -60,3 +61,10 @@ def test_learnable_slopes_train_in_the_fast_path_as_in_the_reference():
         module(x, is_causal=True).output.square().sum().backward()
     assert isinstance(fast.slopes, torch.nn.Parameter) and fast.slopes.grad.abs().min() > 0
     assert (fast.slopes.grad - reference.slopes.grad).abs().max() < 1e-4
+
+
+def test_learnable_slopes_pass_the_contract_suite():
+    """The whole suite with the slopes a Parameter: the fused bias gradient of the
+    relative fast path (kernels.relative_bias_attention) in every corner."""
+    report = check_attention("alibi", options={"learnable_slopes": True})
+    assert report.ok, report.failures

@@ -141,6 +141,21 @@ def test_relative_bias_attention_matches_the_dense_toeplitz_bias(
         torch.testing.assert_close(mine, reference)
 
 
+@pytest.mark.parametrize("padded", [False, True])
+def test_relative_bias_attention_in_inference_matches_the_dense_bias(padded):
+    """Without autograd the queries go in one call (no padding) or in blocks (padding)."""
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, H, 10, 4, generator=generator, dtype=torch.float64) for _ in "qkv")
+    relative_bias = torch.randn(H, 19, generator=generator, dtype=torch.float64)
+    mask = torch.ones(2, 10, dtype=torch.bool)
+    mask[1, 7:] = False
+    mask = mask if padded else None
+    with torch.no_grad():
+        context = relative_bias_attention(q, k, v, relative_bias, mask, True, 0.5, 4)
+    expected = dense_relative(q, k, v, relative_bias, mask, True, 0.5)
+    torch.testing.assert_close(context, expected)
+
+
 def test_relative_bias_attention_catches_a_mirrored_bias():
     """The comparison can fail: the bias of j − i is not the bias of i − j."""
     generator = torch.Generator().manual_seed(0)

@@ -44,9 +44,11 @@ def max_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.double() - b.double()).abs().max().item()
 
 
-def tolerance_for(reference: torch.Tensor) -> float:
+def tolerance_for(reference: torch.Tensor, base: float | None = None) -> float:
+    """`base` (default: the dtype's in TOLERANCES), relative to the reference's largest
+    magnitude when that is above 1."""
     scale = reference.double().abs().max().item() if reference.numel() else 0.0
-    return TOLERANCES.get(reference.dtype, 1e-5) * max(1.0, scale)
+    return (TOLERANCES.get(reference.dtype, 1e-5) if base is None else base) * max(1.0, scale)
 
 
 def running(mode: Mode) -> contextlib.AbstractContextManager[Any]:
