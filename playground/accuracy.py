@@ -83,32 +83,67 @@ def measure_accuracy(
     )
     own_progress = Progress(transient=True) if progress is True else None
     bars = own_progress or (progress if isinstance(progress, Progress) else None)
-    accuracies, times, majorities, final_losses = [], [], [], []
-    model_description: dict[str, Any] = {}
     if own_progress is not None:
         own_progress.start()
     try:
-        for seed in seeds:
-            train_data, test_data = task.split(seed)
-            torch.manual_seed(seed)
-            model = TransformerClassifier(config, registry).to(device, dtype)
-            model_description = describe(model)
-            result = train(
-                model,
-                train_data,
-                training,
-                seed=seed,
-                device=device,
-                progress=bars,
-                description=f"{variant_name} on {task.label}, seed {seed}",
-            )
-            accuracies.append(evaluate(model, test_data, device=device))
-            times.append(result.train_time_s)
-            majorities.append(majority_rate(test_data))
-            final_losses.append(statistics.fmean(result.losses[-20:]))
+        results = [
+            _train_seed(task, config, training, registry, seed, device, dtype, bars)
+            for seed in seeds
+        ]
     finally:
         if own_progress is not None:
             own_progress.stop()
+    return _row_fields(task, training, seeds, results)
+
+
+@dataclasses.dataclass(frozen=True)
+class SeedResult:
+    """One seed's model trained and scored."""
+
+    accuracy: float
+    train_time_s: float
+    majority: float
+    final_train_loss: float
+    model: dict[str, Any]
+
+
+def _train_seed(
+    task: Task,
+    config: ModelConfig,
+    training: TrainConfig,
+    registry: Registry,
+    seed: int,
+    device: str,
+    dtype: torch.dtype,
+    progress: Progress | None,
+) -> SeedResult:
+    """Draw the seed's data, initialise and train its model, score it on the test split."""
+    train_data, test_data = task.split(seed)
+    torch.manual_seed(seed)
+    model = TransformerClassifier(config, registry).to(device, dtype)
+    result = train(
+        model,
+        train_data,
+        training,
+        seed=seed,
+        device=device,
+        progress=progress,
+        description=f"{config.variant} on {task.label}, seed {seed}",
+    )
+    return SeedResult(
+        accuracy=evaluate(model, test_data, device=device),
+        train_time_s=result.train_time_s,
+        majority=majority_rate(test_data),
+        final_train_loss=statistics.fmean(result.losses[-20:]),
+        model=describe(model),
+    )
+
+
+def _row_fields(
+    task: Task, training: TrainConfig, seeds: Sequence[int], results: Sequence[SeedResult]
+) -> dict[str, Any]:
+    """The result row's accuracy fields: mean ± std over seeds, and what they came from."""
+    accuracies = [result.accuracy for result in results]
     return {
         "task": task.name,
         "task_options": dataclasses.asdict(task.options),
@@ -118,10 +153,10 @@ def measure_accuracy(
         "accuracy_per_seed": accuracies,
         "seeds": list(seeds),
         "chance": task.chance,
-        "majority_baseline": statistics.fmean(majorities),
-        "final_train_loss": statistics.fmean(final_losses),
+        "majority_baseline": statistics.fmean(result.majority for result in results),
+        "final_train_loss": statistics.fmean(result.final_train_loss for result in results),
         "steps": training.steps,
         "batch_size": training.batch_size,
-        "train_time_s": statistics.fmean(times),
-        "model": model_description,
+        "train_time_s": statistics.fmean(result.train_time_s for result in results),
+        "model": results[-1].model,
     }

@@ -37,12 +37,13 @@ from playground.runner import BACKWARD_FLOPS_FACTOR, Workload
 
 @dataclass(frozen=True)
 class PassCost:
+    """One (variant, n, pass): median time and IQR, useful FLOPs, peak memory."""
+
     variant: str
     seq_len: int
     time_s: float
     time_iqr_s: float
     flops: float
-    efficiency: float
     peak_memory_bytes: int
     threads: int
 
@@ -50,7 +51,6 @@ class PassCost:
 def pass_cost(
     variant: str,
     seq_len: int,
-    gemm_flops: float,
     d_model: int = 512,
     num_heads: int = 8,
     batch: int = 1,
@@ -59,6 +59,7 @@ def pass_cost(
     threads: int | None = None,
     pass_name: str = "forward",
 ) -> PassCost:
+    """Time and profile one variant's pass at one length, as `playground run` does."""
     module = default_registry().build(variant, d_model, num_heads, **(options or {}))
     workload = Workload(module, torch.randn(batch, seq_len, d_model), pass_name)
     timing = time_call(workload, min_run_time, threads)
@@ -72,7 +73,6 @@ def pass_cost(
         timing.median_s,
         timing.iqr_s,
         flops,
-        flops / timing.median_s / gemm_flops,
         memory,
         timing.threads,
     )
@@ -120,47 +120,61 @@ def _main(argv: list[str] | None) -> None:
     variants = arguments.variants.split(",") if arguments.variants else default_registry().names()
     seq_lens = [int(n) for n in arguments.seq_lens.split(",")]
     threads = resolve_threads(arguments.threads)
+    # On a shared machine one GEMM measurement can land in a slow moment: it is measured
+    # again after the sweep, and efficiency is against the faster, the ceiling this run
+    # actually reached.
     gemm = gemm_flops_per_second(threads=threads)
     console = Console()
-    console.print(
-        f"GEMM fp32: {gemm / 1e9:.1f} GFLOP/s, {threads} threads; pass: {arguments.pass_name}"
-    )
-    table = Table(
-        "variant", "n", "time ms", "IQR ms", "GFLOP/s", "efficiency", "peak MiB", "status"
-    )
-    exponents = Table("variant", "time exponent", "memory exponent")
+    results: dict[str, list[PassCost | tuple[int, str]]] = {}
     for variant in variants:
-        costs = []
         for n in seq_lens:
+            if console.is_terminal:
+                console.print(f"{variant} n={n} …", end="\r")
             try:
                 cost = pass_cost(
                     variant,
                     n,
-                    gemm,
                     min_run_time=arguments.min_run_time,
                     options=options.get(variant),
                     threads=threads,
                     pass_name=arguments.pass_name,
                 )
             except UnsupportedFeature as unsupported:  # recorded, and the sweep goes on
-                table.add_row(variant, str(n), "-", "-", "-", "-", "-", escape(str(unsupported)))
+                results.setdefault(variant, []).append((n, str(unsupported)))
                 continue
-            costs.append(cost)
+            results.setdefault(variant, []).append(cost)
+    gemm = max(gemm, gemm_flops_per_second(threads=threads))
+    console.print(
+        f"GEMM fp32: {gemm / 1e9:.1f} GFLOP/s (the faster of before and after), "
+        f"{threads} threads; pass: {arguments.pass_name}"
+    )
+    table = Table(
+        "variant", "n", "time ms", "IQR ms", "GFLOP/s", "efficiency", "peak MiB", "status"
+    )
+    exponents = Table("variant", "time exponent", "memory exponent")
+    for variant, entries in results.items():
+        costs = [entry for entry in entries if isinstance(entry, PassCost)]
+        for entry in entries:
+            if not isinstance(entry, PassCost):
+                n, reason = entry
+                table.add_row(variant, str(n), "-", "-", "-", "-", "-", escape(reason))
+                continue
             table.add_row(
                 variant,
-                str(cost.seq_len),
-                f"{cost.time_s * 1e3:.1f}",
-                f"{cost.time_iqr_s * 1e3:.1f}",
-                f"{cost.flops / cost.time_s / 1e9:.1f}",
-                f"{cost.efficiency:.2f}",
-                f"{cost.peak_memory_bytes / 2**20:.0f}",
+                str(entry.seq_len),
+                f"{entry.time_s * 1e3:.1f}",
+                f"{entry.time_iqr_s * 1e3:.1f}",
+                f"{entry.flops / entry.time_s / 1e9:.1f}",
+                f"{entry.flops / entry.time_s / gemm:.2f}",
+                f"{entry.peak_memory_bytes / 2**20:.0f}",
                 "ok",
             )
         if len(costs) > 1:
+            sizes = [cost.seq_len for cost in costs]
             exponents.add_row(
                 variant,
-                f"{fit_exponent([c.seq_len for c in costs], [c.time_s for c in costs]):.2f}",
-                f"{fit_exponent([c.seq_len for c in costs], [c.peak_memory_bytes for c in costs]):.2f}",
+                f"{fit_exponent(sizes, [cost.time_s for cost in costs]):.2f}",
+                f"{fit_exponent(sizes, [cost.peak_memory_bytes for cost in costs]):.2f}",
             )
     console.print(table)
     console.print(exponents)

@@ -43,6 +43,7 @@ import re
 import tomllib
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -232,6 +233,51 @@ def load_spec(path: str | Path, registry: Registry) -> Spec:
     def fail(key: str, message: str) -> typing.NoReturn:
         raise SpecError(f"{path}: key {key!r}: {message}")
 
+    _check_settings(data, fail)
+    variants = _variant_points(data, registry, path, fail)
+    if "accuracy" in data.get("measures", []) and not data.get("tasks"):
+        fail("tasks", "measures include 'accuracy' but no tasks are given")
+    tasks = tuple(
+        _task_run(entry, index, registry, path, data.get("seed", Spec.seed))
+        for index, entry in enumerate(data.get("tasks", []))
+    )
+    repeated = _repeated(task.label for task in tasks)
+    if repeated:
+        fail("tasks", f"the task {repeated} is listed more than once; remove the repeated table")
+    baseline = data.get("baseline")
+    labels = [variant.label for variant in variants]
+    if baseline is not None and baseline not in labels:
+        fail(
+            "baseline",
+            f"{baseline!r} is not one of the spec's variant points" + _suggest(baseline, labels),
+        )
+    timing = data.get("timing", {})
+    return Spec(
+        name=data["name"],
+        path=path,
+        text=text,
+        description=data.get("description", ""),
+        variants=tuple(variants),
+        seq_lens=tuple(data.get("seq_lens", Spec.seq_lens)),
+        batch_size=data.get("batch_size", Spec.batch_size),
+        d_model=data.get("d_model", Spec.d_model),
+        num_heads=data.get("num_heads", Spec.num_heads),
+        dtype=data.get("dtype", Spec.dtype),
+        device=data.get("device", Spec.device),
+        passes=tuple(data.get("passes", Spec.passes)),
+        measures=tuple(data.get("measures", Spec.measures)),
+        seed=data.get("seed", Spec.seed),
+        threads=data.get("threads", Spec.threads),
+        min_run_time=float(timing.get("min_run_time", Spec.min_run_time)),
+        tasks=tasks,
+        variant_options=data.get("options", {}),
+        baseline=baseline,
+    )
+
+
+def _check_settings(data: dict[str, Any], fail: Callable[[str, str], typing.NoReturn]) -> None:
+    """The spec's own settings: known keys of the right types, a valid name, timing,
+    dtype and device, passes and measures, positive sizes, nothing listed twice."""
     for key, value in data.items():
         if key not in _TOP_LEVEL:
             fail(key, "unknown key" + _suggest(key, _TOP_LEVEL))
@@ -242,8 +288,7 @@ def load_spec(path: str | Path, registry: Registry) -> Spec:
     problem = name_problem(data["name"])
     if problem:
         fail("name", problem)
-    timing = data.get("timing", {})
-    for key, value in timing.items():
+    for key, value in data.get("timing", {}).items():
         if key not in _TIMING:
             fail(f"timing.{key}", "unknown key" + _suggest(key, _TIMING))
         if not _is_instance(value, _TIMING[key]) or value <= 0:
@@ -265,10 +310,19 @@ def load_spec(path: str | Path, registry: Registry) -> Spec:
         repeated = _repeated(data.get(key, []))
         if repeated:
             fail(key, f"lists {repeated} more than once; give each once")
-    d_model, num_heads = data.get("d_model", 512), data.get("num_heads", 8)
+    d_model, num_heads = data.get("d_model", Spec.d_model), data.get("num_heads", Spec.num_heads)
     if d_model % num_heads:
         fail("d_model", f"{d_model} is not divisible by num_heads = {num_heads}")
 
+
+def _variant_points(
+    data: dict[str, Any],
+    registry: Registry,
+    path: Path,
+    fail: Callable[[str, str], typing.NoReturn],
+) -> list[VariantPoint]:
+    """The spec's [[variants]] (every registered variant when it has none), each with the
+    [options.NAME] table under its own keys, option sweeps expanded into points."""
     overrides = data.get("options", {})
     for name, options in overrides.items():
         if not isinstance(options, dict):
@@ -297,45 +351,7 @@ def load_spec(path: str | Path, registry: Registry) -> Spec:
             f"{path}: key 'variants': the point {repeated} is listed more than once (its "
             f"cells would be measured twice); remove the repeated [[variants]] table or value"
         )
-    if "accuracy" in data.get("measures", []) and not data.get("tasks"):
-        fail("tasks", "measures include 'accuracy' but no tasks are given")
-    tasks = tuple(
-        _task_run(entry, index, registry, path, data.get("seed", Spec.seed))
-        for index, entry in enumerate(data.get("tasks", []))
-    )
-    repeated = _repeated(task.label for task in tasks)
-    if repeated:
-        fail("tasks", f"the task {repeated} is listed more than once; remove the repeated table")
-
-    baseline = data.get("baseline")
-    labels = [variant.label for variant in variants]
-    if baseline is not None and baseline not in labels:
-        fail(
-            "baseline",
-            f"{baseline!r} is not one of the spec's variant points" + _suggest(baseline, labels),
-        )
-
-    return Spec(
-        name=data["name"],
-        path=path,
-        text=text,
-        description=data.get("description", ""),
-        variants=tuple(variants),
-        seq_lens=tuple(data.get("seq_lens", Spec.seq_lens)),
-        batch_size=data.get("batch_size", Spec.batch_size),
-        d_model=d_model,
-        num_heads=num_heads,
-        dtype=data.get("dtype", Spec.dtype),
-        device=data.get("device", Spec.device),
-        passes=tuple(data.get("passes", Spec.passes)),
-        measures=tuple(data.get("measures", Spec.measures)),
-        seed=data.get("seed", Spec.seed),
-        threads=data.get("threads", Spec.threads),
-        min_run_time=float(timing.get("min_run_time", Spec.min_run_time)),
-        tasks=tasks,
-        variant_options=overrides,
-        baseline=baseline,
-    )
+    return variants
 
 
 def name_problem(name: str) -> str | None:

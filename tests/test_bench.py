@@ -1,0 +1,40 @@
+"""`python -m playground.bench`: the per-variant cost table, forward and forward+backward."""
+
+from __future__ import annotations
+
+import pytest
+
+from playground import bench
+
+
+@pytest.mark.parametrize("pass_name", ["forward", "forward_backward"])
+def test_bench_prints_a_row_per_length_and_the_exponents(pass_name, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    bench.main(
+        ["--variants", "vanilla,alibi", "--seq-lens", "16,32", "--min-run-time", "0.01"]
+        + ["--pass", pass_name, "--option", "alibi.learnable_slopes=true"]
+    )
+    out = capsys.readouterr().out
+    assert f"pass: {pass_name}" in out
+    assert out.count("│ vanilla") == 3 and out.count("│ alibi") == 3  # 2 lengths + exponents
+    assert "ok" in out
+
+
+def test_bench_passes_cost_the_backward_too():
+    forward = bench.pass_cost("vanilla", 64, d_model=32, num_heads=4, min_run_time=0.01)
+    both = bench.pass_cost(
+        "vanilla", 64, d_model=32, num_heads=4, min_run_time=0.01, pass_name="forward_backward"
+    )
+    assert both.flops == 3 * forward.flops
+
+
+def test_bench_records_a_refused_length_and_goes_on(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    bench.main(["--variants", "linformer", "--seq-lens", "16,100000", "--min-run-time", "0.01"])
+    out = capsys.readouterr().out
+    assert out.count("│ linformer") == 2
+
+
+def test_bench_rejects_an_unknown_variant():
+    with pytest.raises(SystemExit, match="error"):
+        bench.main(["--variants", "no_such_variant", "--seq-lens", "16"])
