@@ -251,12 +251,19 @@ def relative_bias_attention(
         )  # (B, H, block, d)
 
     # The bias needs a gradient: the fused forward and backward above, which keep nothing
-    # of size (block, Nk), so no recomputation either. Otherwise SDPA keeps each block's
-    # probabilities for backward, and each block is recomputed in backward instead.
+    # of size (block, Nk), so no recomputation either. Otherwise SDPA's flash kernel keeps
+    # its mask for backward, a view unless padding made it a (B, H, block, Nk) tensor, and
+    # under dropout its unfused kernel keeps the probabilities: then each block is
+    # recomputed in backward instead.
     fused_gradient = (
         torch.is_grad_enabled() and bias.requires_grad and dropout_p == 0.0 and not q.is_cuda
     )
-    recompute = torch.is_grad_enabled() and n_q > block_size and not fused_gradient
+    recompute = (
+        torch.is_grad_enabled()
+        and n_q > block_size
+        and not fused_gradient
+        and (keep is not None or dropout_p > 0.0)
+    )
     if not torch.is_grad_enabled() and keep is None:
         block_size = n_q  # nothing of size (block, Nk) is formed: one call is enough
     blocks = []

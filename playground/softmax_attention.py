@@ -274,7 +274,8 @@ class SoftmaxAttention(AttentionVariant):
         """SDPA's attn_mask for one block of queries over its span of keys, and which of
         its queries see any key: (mask, sees) with mask (B, H or 1, blk, span), bool or
         the additive score_mod's bias with −inf where not allowed, and sees (B, H or 1,
-        blk); (None, None) when every query sees every key unbiased. `like` gives the
+        blk), None when every query sees some key; (None, None) when every query sees
+        every key unbiased. `like` gives the
         bias its dtype and device; `scratch` (flat uint8), if given, holds the mask.
 
         The mods are evaluated a few rows at a time (MOD_CHUNK_ELEMENTS), so an eager
@@ -282,7 +283,10 @@ class SoftmaxAttention(AttentionVariant):
         times slower than the attention it feeds."""
         batch, heads, block, span = shape
         keys = torch.arange(key_start, key_start + span, device=like.device)
+        # A bias has a head dimension and is evaluated in chunks; a bool mask (mask_mod,
+        # causality, padding) is small enough in one piece.
         rows = max(1, MOD_CHUNK_ELEMENTS // (batch * heads * span))
+        rows = rows if self._has_score_mod else block
         zero = torch.zeros((), dtype=like.dtype, device=like.device)
         masks, sees = [], []
         for first in range(start, start + block, rows):
@@ -298,11 +302,12 @@ class SoftmaxAttention(AttentionVariant):
             if allowed is not None:
                 allowed = allowed.expand(batch, -1, len(queries), span)
                 seen = allowed.any(dim=-1)  # (B, H or 1, rows)
-                # A query that sees nothing would make SDPA's softmax NaN: let it see its
-                # first key (finite), and zero it afterwards.
-                safe = allowed.clone()
-                safe[..., 0] |= ~seen
-                mask = safe if mask is None else mask.masked_fill(~safe, -math.inf)
+                if not bool(seen.all()):
+                    # A query that sees nothing would make SDPA's softmax NaN: let it see
+                    # its first key (finite), and zero it afterwards.
+                    allowed = allowed.clone()
+                    allowed[..., 0] |= ~seen
+                mask = allowed if mask is None else mask.masked_fill(~allowed, -math.inf)
                 sees.append(seen)
             masks.append(mask)
         if masks[0] is None:
@@ -312,7 +317,10 @@ class SoftmaxAttention(AttentionVariant):
         if scratch is not None:
             size = math.prod(shape) * masks[0].element_size()
             out = scratch[:size].view(masks[0].dtype).view(shape)
-        return torch.cat(masks, dim=-2, out=out), torch.cat(sees, dim=-1) if sees else None
+        seen = torch.cat(sees, dim=-1) if sees else None
+        if seen is not None and bool(seen.all()):
+            seen = None  # every query sees a key: nothing to zero
+        return torch.cat(masks, dim=-2, out=out), seen
 
     def _attend_span(
         self,
