@@ -10,6 +10,14 @@ import torch
 import playground
 from playground.heads import project_heads
 from playground.testing import check_attention
+from playground.testing.checks import (
+    check_bfloat16,
+    check_causality,
+    check_fast_matches_reference,
+    check_fully_masked_rows_are_zero,
+    check_gradients_reach_every_parameter,
+    check_padding_invariance,
+)
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.bloom.modeling_bloom import build_alibi_tensor  # noqa: E402
@@ -64,7 +72,16 @@ def test_learnable_slopes_train_in_the_fast_path_as_in_the_reference():
 
 
 def test_learnable_slopes_pass_the_contract_suite():
-    """The whole suite with the slopes a Parameter: the fused bias gradient of the
-    relative fast path (kernels.relative_bias_attention) in every corner."""
-    report = check_attention("alibi", options={"learnable_slopes": True})
+    """The suite's gradient and masking checks with the slopes a Parameter: the fused
+    bias gradient of the relative fast path (kernels.relative_bias_attention) in every
+    corner they visit."""
+    checks = [
+        check_fast_matches_reference,
+        check_causality,
+        check_padding_invariance,
+        check_fully_masked_rows_are_zero,
+        check_gradients_reach_every_parameter,
+        check_bfloat16,
+    ]
+    report = check_attention("alibi", checks=checks, options={"learnable_slopes": True})
     assert report.ok, report.failures

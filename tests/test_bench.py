@@ -7,13 +7,20 @@ import pytest
 from playground import bench
 
 
+@pytest.fixture
+def fixed_gemm(monkeypatch):
+    """The sweep's own measurements are what these tests look at; a GEMM rate measured
+    twice per call would only add seconds."""
+    monkeypatch.setattr(bench, "gemm_flops_per_second", lambda threads=None: 1e11)
+
+
 @pytest.mark.parametrize("pass_name", ["forward", "forward_backward"])
-def test_bench_prints_a_row_per_length_and_the_exponents(pass_name, capsys, monkeypatch):
+def test_bench_prints_a_row_per_length_and_the_exponents(
+    pass_name, capsys, monkeypatch, fixed_gemm
+):
     monkeypatch.setenv("COLUMNS", "200")
-    bench.main(
-        ["--variants", "vanilla,alibi", "--seq-lens", "16,32", "--min-run-time", "0.01"]
-        + ["--pass", pass_name, "--option", "alibi.learnable_slopes=true"]
-    )
+    arguments = ["--variants", "vanilla,alibi", "--seq-lens", "16,32", "--min-run-time", "0.01"]
+    bench.main([*arguments, "--pass", pass_name, "--option", "alibi.learnable_slopes=true"])
     out = capsys.readouterr().out
     assert f"pass: {pass_name}" in out
     assert out.count("│ vanilla") == 3 and out.count("│ alibi") == 3  # 2 lengths + exponents
@@ -28,13 +35,13 @@ def test_bench_passes_cost_the_backward_too():
     assert both.flops == 3 * forward.flops
 
 
-def test_bench_records_a_refused_length_and_goes_on(capsys, monkeypatch):
+def test_bench_records_a_refused_length_and_goes_on(capsys, monkeypatch, fixed_gemm):
     monkeypatch.setenv("COLUMNS", "200")
     bench.main(["--variants", "linformer", "--seq-lens", "16,100000", "--min-run-time", "0.01"])
     out = capsys.readouterr().out
     assert out.count("│ linformer") == 2
 
 
-def test_bench_rejects_an_unknown_variant():
+def test_bench_rejects_an_unknown_variant(fixed_gemm):
     with pytest.raises(SystemExit, match="error"):
         bench.main(["--variants", "no_such_variant", "--seq-lens", "16"])
