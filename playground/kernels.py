@@ -161,14 +161,18 @@ class _FlashWithBiasGradient(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, bias, keep, out, log_sum_exp = ctx.saved_tensors
+        dtype = q.dtype
+        if dtype in (torch.bfloat16, torch.float16):
+            # The flash kernel keeps L in float32; the backward runs there too, as SDPA's
+            # own low-precision backward accumulates in float32.
+            q, k, v, bias, out, grad_out = (t.float() for t in (q, k, v, bias, out, grad_out))
         mask = bias if keep is None else bias.masked_fill(~keep, -math.inf)
         batch, heads, block, n_k = *q.shape[:3], k.shape[2]
         q, k, v = q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1)  # (B·H, ·, d)
         grad_out, out = grad_out.flatten(0, 1), out.flatten(0, 1)
-        scores = torch.baddbmm(
-            -log_sum_exp.flatten(0, 1)[..., None], q, k.transpose(1, 2), alpha=ctx.scale
-        )  # scale · q kᵀ − L, (B·H, blk, Nk)
-        scores = scores.view(batch, heads, block, n_k).add_(mask).flatten(0, 1)
+        scores = torch.bmm(q * ctx.scale, k.transpose(1, 2)).view(batch, heads, block, n_k)
+        # In the forward's order, scale · q kᵀ + bias, then − L: large logits lose less.
+        scores = scores.add_(mask).sub_(log_sum_exp.to(scores.dtype)[..., None]).flatten(0, 1)
         # exp is many times slower below −87, where float32 underflows, than above it:
         # clamp there, then set what was clamped (P <= 1.65e−38: every hidden key) to 0.
         probabilities = F.threshold_(scores.clamp_(min=-87.0).exp_(), 1.7e-38, 0.0)  # P
@@ -181,10 +185,10 @@ class _FlashWithBiasGradient(torch.autograd.Function):
         grad_bias = grad_scores.view(batch, heads, block, n_k).sum_to_size(bias.shape)
         shape = (batch, heads, -1, q.shape[-1])
         return (
-            grad_q.view(shape),
-            grad_k.view(shape),
-            grad_v.view(shape),
-            grad_bias,
+            grad_q.view(shape).to(dtype),
+            grad_k.view(shape).to(dtype),
+            grad_v.view(shape).to(dtype),
+            grad_bias.to(dtype),
             None,
             None,
         )

@@ -340,3 +340,43 @@ class FalselyAdditive(playground.SoftmaxAttention):
 
     def score_mod(self, score, b, h, q_idx, kv_idx):
         return score * 0.5
+
+
+# --- gradients only a stricter or a lower-precision backward shows -------------------
+class _NaNGradientInBfloat16(torch.autograd.Function):
+    """Identity forward; a backward that turns NaN in bfloat16 only."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * math.nan if grad.dtype == torch.bfloat16 else grad
+
+
+class Bfloat16BackwardBroken(Vanilla):
+    """Right in every dtype forward, and in float32 and float64 backward; bfloat16
+    training gives NaN gradients (a fused backward that forgot to upcast, say)."""
+
+    name = "broken_bfloat16_backward"
+
+    def forward_fast(self, query, key, value, attention_mask, is_causal, need_weights):
+        output, weights = super().forward_fast(
+            query, key, value, attention_mask, is_causal, need_weights
+        )
+        return AttentionOutput(_NaNGradientInBfloat16.apply(output), weights)
+
+
+class FastGradientSlightlyOff(Vanilla):
+    """Same outputs; the fast path's input gradient is off by 1e-6 of the input, which
+    float32's tolerance lets pass (an approximation in a fused backward, say)."""
+
+    name = "broken_fast_gradient_slightly_off"
+
+    def forward_fast(self, query, key, value, attention_mask, is_causal, need_weights):
+        output, weights = super().forward_fast(
+            query, key, value, attention_mask, is_causal, need_weights
+        )
+        nudge = 1e-6 * query.sum(dim=-1, keepdim=True)
+        return AttentionOutput(output + nudge - nudge.detach(), weights)

@@ -293,7 +293,9 @@ def check_fast_matches_reference(subject: Subject) -> None:
             _compare_paths(subject, fast, reference, arguments, {}, f"cross Nq={n_q}, Nk={n_k}")
 
 
-def _compare_paths(subject, fast, reference, arguments, case, label) -> None:
+def _compare_paths(
+    subject, fast, reference, arguments, case, label, gradient_tolerance=GRADIENT_TOLERANCE
+) -> None:
     for need_weights in {False, subject.caps.need_weights}:
         inputs = [[a.clone().requires_grad_(True) for a in arguments] for _ in range(2)]
         results = [
@@ -316,7 +318,7 @@ def _compare_paths(subject, fast, reference, arguments, case, label) -> None:
             (result.output * upstream).sum().backward()
         for fast_input, reference_input in zip(*inputs, strict=True):
             difference = max_difference(fast_input.grad, reference_input.grad)
-            if not difference <= tolerance_for(reference_input.grad, GRADIENT_TOLERANCE):
+            if not difference <= tolerance_for(reference_input.grad, gradient_tolerance):
                 raise CheckFailed(
                     f"fast and reference input gradients differ by {difference:.3g} ({context})"
                 )
@@ -327,7 +329,7 @@ def _compare_paths(subject, fast, reference, arguments, case, label) -> None:
                 raise CheckFailed(f"only one path gives {name!r} a gradient ({context})")
             if parameter.grad is not None:
                 difference = max_difference(parameter.grad, other)
-                if not difference <= tolerance_for(other, GRADIENT_TOLERANCE):
+                if not difference <= tolerance_for(other, gradient_tolerance):
                     raise CheckFailed(
                         f"fast and reference gradients of {name!r} differ by "
                         f"{difference:.3g} ({context})"
@@ -361,6 +363,8 @@ def _check_dtype(subject: Subject, dtype: torch.dtype, agreement: float) -> None
         if n == LONG_LENGTH or (mode == "train" and n != subject.seq_len):
             continue  # fp32 covers training at every length and the long one
         module, x = subject.build(dtype=dtype, mode=mode), subject.tokens(n, dtype=dtype)
+        if mode == "train":
+            _assert_finite_gradients(module, x, case, f"in {dtype}, {where(n, mode, case)}")
         try:
             assert_batch_independent(module, x, case, mode)
             if "attention_mask" in case:
@@ -371,10 +375,43 @@ def _check_dtype(subject: Subject, dtype: torch.dtype, agreement: float) -> None
             raise CheckFailed(f"in {dtype}: {failed}") from None
 
 
+def _assert_finite_gradients(module, x: torch.Tensor, case: dict, label: str) -> None:
+    """One backward in the module's dtype runs and leaves finite gradients everywhere."""
+    x = x.clone().requires_grad_(True)
+    try:
+        module(x, **case).output.sum().backward()
+    except RuntimeError as error:
+        raise CheckFailed(f"backward failed {label}: {error}") from None
+    gradients = {"the input": x.grad} | {
+        repr(name): parameter.grad for name, parameter in module.named_parameters()
+    }
+    for name, gradient in gradients.items():
+        if gradient is not None and not torch.isfinite(gradient).all():
+            raise CheckFailed(f"non-finite gradient of {name} {label}")
+
+
+FLOAT64_GRADIENT_TOLERANCE = 1e-10
+"""float64: fast vs reference gradients, relative as GRADIENT_TOLERANCE. Rounding is
+about 1e−16 there, so an approximation in a fast path's backward that float32's
+tolerance would let pass shows."""
+
+
 def check_float64(subject: Subject) -> None:
-    """Declared float64 works, agrees with float32 to 1e-4 of the output scale, and
-    keeps the mask, batch and causality promises."""
+    """Declared float64 works, agrees with float32 to 1e-4 of the output scale, keeps the
+    mask, batch and causality promises, and its fast path's gradients equal the
+    reference's to 1e-10 (relative) at the longest length, under every mask."""
     _check_dtype(subject, torch.float64, 1e-4)
+    if subject.cls.forward_fast is None:
+        return
+    n = subject.lengths[-1]
+    for case in subject.mask_cases(n):
+        fast, reference = (
+            subject.build(torch.float64, "train", impl=impl) for impl in ("fast", "reference")
+        )
+        reference.load_state_dict(fast.state_dict())
+        tokens = (subject.tokens(n, dtype=torch.float64),)
+        label = f"float64, {where(n, 'train', case)}"
+        _compare_paths(subject, fast, reference, tokens, case, label, FLOAT64_GRADIENT_TOLERANCE)
 
 
 def check_bfloat16(subject: Subject) -> None:
