@@ -112,7 +112,7 @@ def legend(figure: Figure, extra: Sequence[Any] = (), title: str | None = None) 
     handles = [*seen.values(), *extra]
     labels = [*seen, *(handle.get_label() for handle in extra)]
     if handles:
-        figure.legend(handles, labels, loc="outside right upper", fontsize=8, title=title)
+        figure.legend(handles, labels, loc="outside right center", fontsize=8, title=title)
 
 
 def status_handles(statuses: Iterable[str]) -> list[Line2D]:
@@ -189,6 +189,6 @@ def save(figure: Figure, out_dir: Path, stem: str, formats: Sequence[str]) -> li
     paths = []
     for fmt in formats:
         path = out_dir / f"{stem}.{fmt}"
-        figure.savefig(path, dpi=DPI)
+        figure.savefig(path, dpi=DPI, bbox_inches="tight")  # long footnotes and legends too
         paths.append(path)
     return paths
