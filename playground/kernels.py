@@ -4,9 +4,11 @@ variant keeps its projections, its rules for which token is which, and its outpu
 
 - `banded_attention`: each query sees the keys within a band around it, plus a few prefix
   keys (global tokens) that every query may see; O(N · (band + G)) time and memory.
+- `biased_attention`: softmax(scale · q kᵀ + bias) v on the CPU flash kernel with a fused
+  backward that gives the bias its gradient too (SDPA gives none for a mask).
 - `relative_bias_attention`: softmax(scale · q kᵀ + T) v with a Toeplitz bias T (one value
-  per head and relative position j − i), blocked over queries, with a fused backward that
-  gives T its gradient.
+  per head and relative position j − i), blocked over queries, `biased_attention` per
+  block when T needs a gradient.
 
 Both run on torch's fused `scaled_dot_product_attention` and are differentiable.
 """
@@ -194,6 +196,24 @@ class _FlashWithBiasGradient(torch.autograd.Function):
         )
 
 
+def biased_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor,
+    scale: float,
+    keep: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """softmax(scale · q kᵀ + bias) v -> (B, H, Nq, d) on the CPU flash kernel, with the
+    gradient of `bias` as well as of q, k and v (`_FlashWithBiasGradient`).
+
+    q (B, H, Nq, d), k and v (B, H, Nk, d); bias broadcasts to (B, H, Nq, Nk) and may be
+    a view (it is what is kept for backward, with `keep`); keep (B, 1, 1, Nk) bool, if
+    given, hides keys (−inf). A row that sees no key outputs 0.
+    """
+    return _FlashWithBiasGradient.apply(q, k, v, bias, keep, scale)
+
+
 def relative_bias_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -240,8 +260,8 @@ def relative_bias_attention(
         mask = windows.unfold(1, n_k - first, 1)[None]  # (1, H, block, Nk − first), a view
         block_keep = None if keep is None else keep[..., first:]
         if fused_gradient:
-            return _FlashWithBiasGradient.apply(
-                q_block, k[:, :, first:], v[:, :, first:], mask, block_keep, scale
+            return biased_attention(
+                q_block, k[:, :, first:], v[:, :, first:], mask, scale, block_keep
             )
         if keep is not None:
             mask = mask.masked_fill(~block_keep, float("-inf"))  # (B, H, block, ·)

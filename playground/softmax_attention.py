@@ -49,7 +49,7 @@ from playground.heads import (
     project_output,
     projection_flops,
 )
-from playground.kernels import relative_bias_attention
+from playground.kernels import biased_attention, relative_bias_attention
 from playground.masks import empty_query_rows, masked_softmax, queries_without_keys
 
 MOD_CHUNK_ELEMENTS = 2**19
@@ -355,7 +355,11 @@ class SoftmaxAttention(AttentionVariant):
             mask, sees = self._span_mask(
                 start, key_start, (batch, heads, block, span), keep, is_causal, q, scratch
             )
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+            if mask is not None and mask.requires_grad and not q.is_cuda:
+                # A learned bias: SDPA would give it no gradient but on its unfused kernel.
+                context = biased_attention(q, k, v, mask, self.scale)
+            else:
+                context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
             if sees is not None:
                 context = context.masked_fill(~sees[..., None], 0.0)
         if sees is None:
