@@ -142,8 +142,9 @@ class _FlashWithBiasGradient(torch.autograd.Function):
     (SDPA gives none for `attn_mask`, and falls back to its unfused kernel when the mask
     needs one).
 
-    forward: the CPU flash kernel, keeping its output O and per-row log-sum-exp L; nothing
-    of size (blk, Nk) is saved, `bias` being a view and padding a (B, Nk) mask.
+    forward: the CPU flash kernel, keeping its output O and per-row log-sum-exp L; saved
+    for backward are only these, the inputs and `bias` as given (no (blk, Nk) tensor
+    when it is a view, as in `relative_bias_attention`) and padding as a (B, Nk) mask.
     backward, from the block's recomputed probabilities P = exp(scale · q kᵀ + bias − L):
     dv = Pᵀ dO, dP = dO vᵀ, dS = P ⊙ (dP − rowsum(dO ⊙ O)), dq = scale · dS k,
     dk = scale · dSᵀ q, and the bias gets dS summed over what it broadcasts: five products,
@@ -238,7 +239,7 @@ def relative_bias_attention(
     view of it, never materialised as an (Nq, Nk) matrix. SDPA's fused kernel then reads it
     as an additive mask; in inference without padding all queries go in one call.
     In training, when the bias needs a gradient (a learned bias), each block runs on
-    `_FlashWithBiasGradient`, which keeps O(block) per block and forms the bias gradient
+    `biased_attention`, which keeps O(block) per block and forms the bias gradient
     in its own backward; SDPA would fall back to its unfused kernel and keep every
     block's probabilities. Under dropout, SDPA's unfused kernel runs and each block is
     recomputed in backward (activation checkpointing), so memory stays at one block's worth.

@@ -275,8 +275,8 @@ class SoftmaxAttention(AttentionVariant):
         its queries see any key: (mask, sees) with mask (B, H or 1, blk, span), bool or
         the additive score_mod's bias with −inf where not allowed, and sees (B, H or 1,
         blk), None when every query sees some key; (None, None) when every query sees
-        every key unbiased. `like` gives the
-        bias its dtype and device; `scratch` (flat uint8), if given, holds the mask.
+        every key unbiased. `like` gives the bias its dtype and device; `scratch` (flat
+        uint8), if given, holds the mask.
 
         The mods are evaluated a few rows at a time (MOD_CHUNK_ELEMENTS), so an eager
         mod's intermediates stay in cache; one pass over the whole block is several
@@ -385,7 +385,9 @@ class SoftmaxAttention(AttentionVariant):
                 (stop - start) * (key_stop - key_start)
                 for start, stop, key_start, key_stop in spans
             )
-            scratch = q.new_empty(batch * heads * widest * q.element_size(), dtype=torch.uint8)
+            # A bias (B, H, blk, span) in q's dtype; a bool mask has no head dimension.
+            per_entry = heads * q.element_size() if self._has_score_mod else 1
+            scratch = q.new_empty(batch * widest * per_entry, dtype=torch.uint8)
         contexts, empties = [], []
         for start, stop, key_start, key_stop in spans:
             if key_stop <= key_start:  # this block sees no key at all

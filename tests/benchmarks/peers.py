@@ -121,11 +121,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turns", type=int, default=3, help="alternating turns per side")
     parser.add_argument("--min-run-time", type=float, default=0.5)
     arguments = parser.parse_args(argv)
+    try:
+        seq_lens = [int(text) for text in arguments.seq_lens.split(",")]
+    except ValueError:
+        raise SystemExit(
+            f"error: --seq-lens must be comma-separated integers, e.g. 2048,4096; "
+            f"got {arguments.seq_lens!r}"
+        ) from None
+    if any(n < 1 for n in seq_lens):
+        raise SystemExit(f"error: --seq-lens must be positive; got {arguments.seq_lens!r}")
     table = Table("ours", "peer", "n", "ours ms", "theirs ms", "ours faster by")
     for peer in arguments.peers.split(","):
         if peer not in PEERS:
             raise SystemExit(f"error: unknown peer {peer!r}; one of {', '.join(PEERS)}")
-        for n in (int(text) for text in arguments.seq_lens.split(",")):
+        for n in seq_lens:
             ratio, ours_s, theirs_s = compare(
                 peer,
                 n,

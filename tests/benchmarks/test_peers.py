@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from tests.benchmarks import peers  # noqa: E402
+from tests.benchmarks import peers
 
 
 @pytest.mark.parametrize("peer", sorted(peers.PEERS))
@@ -20,3 +20,9 @@ def test_compare_times_both_sides(peer, backward):
 def test_unknown_peer_is_refused():
     with pytest.raises(SystemExit, match="unknown peer"):
         peers.main(["--peers", "NoSuchAttention", "--seq-lens", "16"])
+
+
+def test_bad_lengths_are_refused():
+    for text in ("2048,abc", "0"):
+        with pytest.raises(SystemExit, match="--seq-lens"):
+            peers.main(["--seq-lens", text])
