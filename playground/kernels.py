@@ -3,23 +3,27 @@ reference (tests/test_kernels.py). They take projected tensors and return contex
 variant keeps its projections, its rules for which token is which, and its output.
 
 - `banded_attention`: each query sees the keys within a band around it, plus a few prefix
-  keys (global tokens) that every query may see; O(N · (band + G)) time and memory.
+  keys (global tokens) that every query may see; O(N · (band + G)) time and memory; on
+  CPU a flash forward and backward over the band's spans only.
 - `biased_attention`: softmax(scale · q kᵀ + bias) v on the CPU flash kernel with a fused
-  backward that gives the bias its gradient too (SDPA gives none for a mask).
+  backward that gives the bias its gradient too (SDPA gives none for a mask);
+  `hankel_biased_attention` for a bias given by its anti-diagonals.
 - `relative_bias_attention`: softmax(scale · q kᵀ + T) v with a Toeplitz bias T (one value
-  per head and relative position j − i), blocked over queries, `biased_attention` per
-  block when T needs a gradient.
+  per head and relative position j − i), blocked over queries,
+  `hankel_biased_attention` per block when T needs a gradient.
 
-Both run on torch's fused `scaled_dot_product_attention` and are differentiable.
+All are differentiable, built on torch's fused attention kernels.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
+from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
 BAND_BLOCK = 64
@@ -31,6 +35,208 @@ blocks waste less work but make smaller matrix products."""
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """0 where allowed, −inf elsewhere."""
     return torch.zeros_like(allowed, dtype=dtype).masked_fill(~allowed, -math.inf)
+
+
+@dataclass(frozen=True)
+class _Band:
+    """Where things lie in `banded_attention`'s key buffer.
+
+    Keys are cut into chunks of `block`, each chunk preceded by the G prefix keys, with
+    `chunks_before` and `chunks_after` chunks of filler past the ends; all a block of
+    queries may see (its band's chunks, the prefix of the first) is then one contiguous
+    `span` of the buffer, and consecutive blocks' spans are `rows` apart."""
+
+    n: int
+    block: int
+    num_blocks: int
+    chunks_before: int
+    chunks_after: int
+    num_prefix: int
+
+    @classmethod
+    def of(cls, n: int, before: int, after: int, block: int, num_prefix: int) -> _Band:
+        block = max(1, min(block, max(before, after, 1), n))
+        num_blocks = -(-n // block)
+        return cls(
+            n,
+            block,
+            num_blocks,
+            min(-(-before // block), num_blocks - 1),
+            min(-(-after // block), num_blocks - 1),
+            num_prefix,
+        )
+
+    @property
+    def rows(self) -> int:
+        """Buffer rows per chunk: G prefix keys, then `block` keys."""
+        return self.num_prefix + self.block
+
+    @property
+    def span_chunks(self) -> int:
+        return self.chunks_before + 1 + self.chunks_after
+
+    @property
+    def span(self) -> int:
+        return self.span_chunks * self.rows
+
+    @property
+    def chunks(self) -> int:
+        return self.chunks_before + self.num_blocks + self.chunks_after
+
+    def chunked(self, tensor: torch.Tensor, fill, prefix: torch.Tensor | None) -> torch.Tensor:
+        """(B, N, C) and (B, G, C) -> (B, chunks·rows, C): [G prefix, block keys] per
+        chunk, `fill` past the ends. Written in place: each element is copied once."""
+        batch, width = tensor.shape[0], tensor.shape[-1]
+        buffer = tensor.new_empty(batch, self.chunks, self.rows, width)
+        if prefix is not None:
+            buffer[:, :, : self.num_prefix] = prefix[:, None]
+        keys = buffer[:, :, self.num_prefix :]  # (B, chunks, block, C)
+        full, rest = divmod(self.n, self.block)  # whole chunks of keys, keys in the last one
+        first = self.chunks_before
+        keys[:, :first] = fill
+        keys[:, first : first + full] = tensor[:, : full * self.block].unflatten(
+            1, (full, self.block)
+        )
+        keys[:, first + full :] = fill
+        if rest:
+            keys[:, first + full, :rest] = tensor[:, full * self.block :]
+        return buffer.flatten(1, 2)
+
+    def spans(self, buffer: torch.Tensor) -> torch.Tensor:
+        """(B, chunks·rows, C) -> (B, blocks, span, C), a view (spans overlap)."""
+        return buffer.unfold(1, self.span, self.rows).transpose(-1, -2)
+
+    def unchunked(self, buffer_grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The gradient of `chunked`: (B, chunks, rows, C) -> that of its tensor (B, N, C)
+        and of its prefix (B, G, C), which every chunk holds a copy of."""
+        first = self.chunks_before
+        keys = buffer_grad[:, first : first + self.num_blocks, self.num_prefix :]
+        prefix = buffer_grad[:, :, : self.num_prefix].sum(dim=1)
+        return keys.flatten(1, 2)[:, : self.n], prefix
+
+    def mask(
+        self,
+        key_ok: torch.Tensor,
+        prefix_ok: torch.Tensor | None,
+        prefix_positions: torch.Tensor | None,
+        before: int,
+        after: int,
+        dtype: torch.dtype,
+    ) -> torch.Tensor:
+        """(B, blocks, block, span) additive: 0 where a query sees a column of its span,
+        −inf elsewhere; a row that would see nothing sees its own key."""
+        device, batch = key_ok.device, key_ok.shape[0]
+        if prefix_ok is None and self.num_prefix:
+            prefix_ok = torch.ones(batch, self.num_prefix, dtype=torch.bool, device=device)
+        prefix_flags = None if prefix_ok is None else prefix_ok[..., None]
+        ok = self.spans(self.chunked(key_ok[..., None], False, prefix_flags))[..., 0]
+        # Which columns of a span lie within each query's band; the prefix slots of the
+        # first chunk only (the same for every block). -> (block, span)
+        query = torch.arange(self.block, device=device)[:, None]  # within its block
+        column = torch.arange(self.span, device=device)
+        chunk, slot = column // self.rows, column % self.rows  # (span,)
+        offset = query - (chunk - self.chunks_before) * self.block - (slot - self.num_prefix)
+        in_band = (offset <= before) & (offset >= -after)
+        seen = torch.where(slot < self.num_prefix, chunk == 0, in_band)
+        mask = _additive(ok, dtype)[:, :, None, :] + _additive(seen, dtype)
+        if prefix_positions is not None and self.num_prefix:
+            query_position = torch.arange(self.num_blocks * self.block, device=device)
+            future = prefix_positions[:, None, None, :] > query_position.view(
+                self.num_blocks, self.block, 1
+            )
+            mask[..., : self.num_prefix].masked_fill_(future, -math.inf)  # (B, blocks, block, G)
+        # A row that sees nothing would make SDPA return NaN: it sees its own key instead.
+        empty = torch.isneginf(mask).all(dim=-1)  # (B, blocks, block)
+        own = self.chunks_before * self.rows + self.num_prefix  # query 0's own key
+        mask[..., own : own + self.block].diagonal(dim1=-2, dim2=-1).masked_fill_(empty, 0.0)
+        return mask
+
+    def query_blocks(self, queries: torch.Tensor, num_heads: int) -> torch.Tensor:
+        """(B, N, E) -> (B, blocks, H, block, d), a view of queries padded to whole blocks."""
+        if self.num_blocks * self.block > self.n:
+            queries = F.pad(queries, (0, 0, 0, self.num_blocks * self.block - self.n))
+        return rearrange(queries, "b (nb blk) (h d) -> b nb h blk d", blk=self.block, h=num_heads)
+
+    def context(self, blocks: torch.Tensor) -> torch.Tensor:
+        """(B, blocks, H, block, d) -> (B, N, E)."""
+        return rearrange(blocks, "b nb h blk d -> b (nb blk) (h d)")[:, : self.n]
+
+
+def _span_heads(spans: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """(blocks, span, E) -> (blocks, H, span, d), a view."""
+    return rearrange(spans, "nb s (h d) -> nb h s d", h=num_heads)
+
+
+class _FlashBand(torch.autograd.Function):
+    """`banded_attention` on CPU: forward, one flash call per sequence over its blocks'
+    spans (strided views of the key buffer, never copied per block); backward, the flash
+    kernel's own backward per sequence, then each span's key gradient folded back onto
+    the buffer by `span_chunks` shifted adds, and the buffer's onto keys and prefix. Only
+    the blocks within the band are ever touched, in backward as in forward; autograd would
+    go through the buffer's copies and views instead, with a zero tensor per step."""
+
+    @staticmethod
+    def forward(ctx, queries, keys_values, prefix_keys_values, mask, band, num_heads):
+        buffer = band.chunked(keys_values, 0.0, prefix_keys_values)  # (B, chunks·rows, 2E)
+        q = band.query_blocks(queries, num_heads)
+        width = queries.shape[-1]
+        outs, sums = [], []
+        for b, spans in enumerate(band.spans(buffer)):  # (blocks, span, 2E)
+            keys, values = spans.split(width, dim=-1)
+            out, log_sum_exp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q[b],
+                _span_heads(keys, num_heads),
+                _span_heads(values, num_heads),
+                attn_mask=mask[b, :, None],
+            )
+            outs.append(out)
+            sums.append(log_sum_exp)
+        out, log_sum_exp = torch.stack(outs), torch.stack(sums)  # (B, blocks, H, block, ·)
+        ctx.save_for_backward(q, buffer, mask, out, log_sum_exp)
+        ctx.band, ctx.num_heads, ctx.has_prefix = band, num_heads, prefix_keys_values is not None
+        return band.context(out)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_context):
+        q, buffer, mask, out, log_sum_exp = ctx.saved_tensors
+        band, heads = ctx.band, ctx.num_heads
+        grad_out = band.query_blocks(grad_context, heads)  # (B, blocks, H, block, d)
+        grad_q = torch.empty_like(out)
+        width = grad_context.shape[-1]
+        # (B, chunks, rows, H, 2, d): keys' then values' gradient per buffer row
+        grad_buffer = buffer.new_zeros(
+            buffer.shape[0], band.chunks, band.rows, 2, heads, width // heads
+        )
+        for b, spans in enumerate(band.spans(buffer)):
+            keys, values = spans.split(width, dim=-1)
+            dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                grad_out[b],
+                q[b],
+                _span_heads(keys, heads),
+                _span_heads(values, heads),
+                out[b],
+                log_sum_exp[b],
+                0.0,
+                False,
+                attn_mask=mask[b, :, None],
+            )
+            grad_q[b] = dq
+            # Block i's span is chunks i … i + span_chunks − 1 of the buffer.
+            for kv, grad in ((0, dk), (1, dv)):
+                grad = grad.unflatten(2, (band.span_chunks, band.rows))  # (blocks, H, c, r, d)
+                for chunk in range(band.span_chunks):
+                    target = grad_buffer[b, chunk : chunk + band.num_blocks, :, kv]
+                    target += grad[:, :, chunk].transpose(1, 2)  # (blocks, rows, H, d)
+        grad_keys_values, grad_prefix = band.unchunked(grad_buffer.flatten(-3))
+        return (
+            band.context(grad_q),
+            grad_keys_values,
+            grad_prefix if ctx.has_prefix else None,
+            None,
+            None,
+            None,
+        )
 
 
 def banded_attention(
@@ -56,112 +262,112 @@ def banded_attention(
     A row that would see no key is let see its own key, so that nothing is NaN: its output
     is meaningless, and the caller replaces or zeroes it.
 
-    How: keys are cut into chunks of `block`, each chunk preceded by the G prefix keys, so
-    all a block of queries may see (its band's chunks, the prefix of the first) is one
-    contiguous stretch of that buffer; one SDPA call per sequence over (blocks, H, block,
-    span) reads the overlapping stretches as a strided view, with no per-block copies.
+    How: keys are laid out in a buffer (`_Band`) where all a block of queries may see is
+    one contiguous span, so one attention call per sequence over (blocks, H, block, span)
+    reads the overlapping spans as a strided view, with no per-block copies. On CPU the
+    flash kernel runs it forward and backward (`_FlashBand`); elsewhere SDPA under autograd.
     """
-    batch, n, width = queries.shape
-    block = max(1, min(block, max(before, after, 1), n))
-    num_blocks = -(-n // block)
-    chunks_before = min(-(-before // block), num_blocks - 1)
-    chunks_after = min(-(-after // block), num_blocks - 1)
     num_prefix = 0 if prefix_keys_values is None else prefix_keys_values.shape[1]
-    rows = num_prefix + block  # buffer rows per chunk
-    span = (chunks_before + 1 + chunks_after) * rows  # buffer rows a block of queries sees
-
-    def chunked(tensor: torch.Tensor, fill, prefix: torch.Tensor | None) -> torch.Tensor:
-        """(B, N, C) and (B, G, C) -> (B, chunks·rows, C): [G prefix, block keys] per
-        chunk, `fill` past the ends. Written in place: each element is copied once."""
-        chunks = chunks_before + num_blocks + chunks_after
-        buffer = tensor.new_empty(batch, chunks, rows, tensor.shape[-1])
-        if prefix is not None:
-            buffer[:, :, :num_prefix] = prefix[:, None]
-        keys = buffer[:, :, num_prefix:]  # (B, chunks, block, C)
-        full, rest = divmod(n, block)  # whole chunks of keys, keys in the last one
-        keys[:, :chunks_before] = fill
-        keys[:, chunks_before : chunks_before + full] = tensor[:, : full * block].unflatten(
-            1, (full, block)
-        )
-        keys[:, chunks_before + full :] = fill
-        if rest:
-            keys[:, chunks_before + full, :rest] = tensor[:, full * block :]
-        return buffer.flatten(1, 2)
-
-    def spans(buffer: torch.Tensor) -> torch.Tensor:
-        """(B, chunks·rows, C) -> (B, blocks, span, C), a view (spans overlap)."""
-        return buffer.unfold(1, span, rows).transpose(-1, -2)
-
+    band = _Band.of(queries.shape[1], before, after, block, num_prefix)
+    mask = band.mask(key_ok, prefix_ok, prefix_positions, before, after, queries.dtype)
+    if queries.device.type == "cpu":
+        return _FlashBand.apply(queries, keys_values, prefix_keys_values, mask, band, num_heads)
     # (Rebinding the name frees the unchunked tensor once it is in the buffer.)
-    keys_values = spans(chunked(keys_values, 0.0, prefix_keys_values))
-    keys, values = keys_values.split(width, dim=-1)  # (B, blocks, span, E) each, views
-    if prefix_ok is None and num_prefix:
-        prefix_ok = torch.ones(batch, num_prefix, dtype=torch.bool, device=queries.device)
-    prefix_flags = None if prefix_ok is None else prefix_ok[..., None]
-    ok = spans(chunked(key_ok[..., None], False, prefix_flags))[..., 0]  # (B, blocks, span)
-
-    # Which columns of a span lie within each query's band; the prefix slots of the
-    # first chunk only (the same for every block). -> (block, span)
-    query = torch.arange(block, device=queries.device)[:, None]  # within its block
-    column = torch.arange(span, device=queries.device)
-    chunk, slot = column // rows, column % rows  # (span,)
-    offset = query - (chunk - chunks_before) * block - (slot - num_prefix)  # query - key
-    in_band = (offset <= before) & (offset >= -after)
-    seen = torch.where(slot < num_prefix, chunk == 0, in_band)
-    mask = _additive(ok, queries.dtype)[:, :, None, :] + _additive(seen, queries.dtype)
-    if prefix_positions is not None and num_prefix:
-        query_position = torch.arange(num_blocks * block, device=queries.device)
-        future = prefix_positions[:, None, None, :] > query_position.view(num_blocks, block, 1)
-        mask[..., :num_prefix].masked_fill_(future, -math.inf)  # (B, blocks, block, G)
-    # A row that sees nothing would make SDPA return NaN: it sees its own key instead.
-    empty = torch.isneginf(mask).all(dim=-1)  # (B, blocks, block)
-    own = chunks_before * rows + num_prefix  # the column of query 0's own key
-    mask[..., own : own + block].diagonal(dim1=-2, dim2=-1).masked_fill_(empty, 0.0)
-
-    if num_blocks * block > n:
-        queries = F.pad(queries, (0, 0, 0, num_blocks * block - n))  # (B, blocks·block, E)
-    h = num_heads
-    queries = rearrange(queries, "b (nb blk) (h d) -> b nb h blk d", blk=block, h=h)
+    keys_values = band.spans(band.chunked(keys_values, 0.0, prefix_keys_values))
+    keys, values = keys_values.split(queries.shape[-1], dim=-1)  # (B, blocks, span, E) each
+    q = band.query_blocks(queries, num_heads)
     # One call per sequence: the blocks of a sequence share one stride into the buffer.
     contexts = [
         F.scaled_dot_product_attention(
-            queries[b],  # (blocks, H, block, d)
-            rearrange(keys[b], "nb s (h d) -> nb h s d", h=h),  # (blocks, H, span, d)
-            rearrange(values[b], "nb s (h d) -> nb h s d", h=h),
+            q[b],  # (blocks, H, block, d)
+            _span_heads(keys[b], num_heads),  # (blocks, H, span, d)
+            _span_heads(values[b], num_heads),
             attn_mask=mask[b, :, None],  # (blocks, 1, block, span)
-        ).transpose(1, 2)  # (blocks, block, H, d): SDPA's memory order for such queries
-        for b in range(batch)
+        )
+        for b in range(queries.shape[0])
     ]
-    context = contexts[0][None] if batch == 1 else torch.stack(contexts)
-    context = rearrange(context, "b nb blk h d -> b (nb blk) (h d)")
-    return context[:, :n]  # (B, N, E)
+    return band.context(torch.stack(contexts))
+
+
+class BackwardScratch:
+    """Memory that the backward passes of the blocks of one call share.
+
+    A fresh tensor of tens of MiB is new pages to the allocator, and the page faults of
+    writing it cost about as much as the matrix product that fills it; the blocks of one
+    call are differentiated one after another, so they can take turns with one buffer.
+    Hold one per call (never across calls): it is freed with the autograd graph, so peak
+    memory counts it.
+    """
+
+    def __init__(self) -> None:
+        self._memory: dict[str, torch.Tensor] = {}
+        self._shapes: dict[str, tuple[int, ...]] = {}
+
+    def _take(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        size = math.prod(shape)
+        memory = self._memory.get(name)
+        if (
+            memory is None
+            or memory.numel() < size
+            or memory.dtype != like.dtype
+            or memory.device != like.device
+        ):
+            memory = self._memory[name] = like.new_zeros(size)
+            self._shapes[name] = shape
+        return memory[:size].view(shape)
+
+    def matrix(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        """A buffer of `shape` (contents undefined) in like's dtype and device."""
+        return self._take(name, shape, like)
+
+    def hankel(
+        self, shape: tuple[int, int, int, int], like: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(skew (B, H, Nq, Nq + Nk − 1), view (B, H, Nq, Nk)) with view[b, h, i, j] =
+        skew[b, h, i, i + j] and skew zero elsewhere: what is written to the view, summed
+        over queries (skew.sum(2)), is summed along each anti-diagonal i + j = t."""
+        batch, heads, n_q, n_k = shape
+        width = n_q + n_k - 1
+        layout = (batch, heads, n_q, width)
+        skew = self._take("hankel", layout, like)
+        if self._shapes.get("hankel") != layout:  # what lies outside the view is stale
+            skew.zero_()
+            self._shapes["hankel"] = layout
+        view = skew.as_strided(shape, (heads * n_q * width, n_q * width, width + 1, 1))
+        return skew, view
 
 
 class _FlashWithBiasGradient(torch.autograd.Function):
-    """softmax(scale · q kᵀ + bias) v for one block, with the gradient of the bias too
-    (SDPA gives none for `attn_mask`, and falls back to its unfused kernel when the mask
-    needs one).
+    """softmax(scale · q kᵀ + B) v for one block, with the gradient of the bias too (SDPA
+    gives none for `attn_mask`, and falls back to its unfused kernel when the mask needs
+    one). B is `bias` as given, broadcast to (B, H, Nq, Nk), or, when `hankel`, the Hankel
+    matrix B[h, i, j] = bias[h, i + j] of bias (H, Nq + Nk − 1).
 
     forward: the CPU flash kernel, keeping its output O and per-row log-sum-exp L; saved
-    for backward are only these, the inputs and `bias` as given (no (blk, Nk) tensor
-    when it is a view, as in `relative_bias_attention`) and padding as a (B, Nk) mask.
-    backward, from the block's recomputed probabilities P = exp(scale · q kᵀ + bias − L):
+    for backward are only these, the inputs and `bias` as given (no (Nq, Nk) tensor unless
+    the caller made one) and padding as a (B, Nk) mask.
+    backward, from the block's recomputed probabilities P = exp(scale · q kᵀ + B − L):
     dv = Pᵀ dO, dP = dO vᵀ, dS = P ⊙ (dP − rowsum(dO ⊙ O)), dq = scale · dS k,
-    dk = scale · dSᵀ q, and the bias gets dS summed over what it broadcasts: five products,
-    as many as the flash backward's own, which cannot return dS.
+    dk = scale · dSᵀ q: five products, as many as the flash backward's own, which cannot
+    return dS. The bias gets dS summed over what it broadcasts, or for a Hankel bias along
+    anti-diagonals: dS is written skewed (`BackwardScratch.hankel`) so that each
+    anti-diagonal is a column, and one sum over queries gives them all.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, keep, scale):
-        mask = bias if keep is None else bias.masked_fill(~keep, -math.inf)
+    def forward(ctx, q, k, v, bias, keep, scale, hankel, scratch):
+        mask = bias.unfold(-1, k.shape[2], 1)[None] if hankel else bias
+        if keep is not None:
+            mask = mask.masked_fill(~keep, -math.inf)
         out, log_sum_exp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, attn_mask=mask, scale=scale
         )  # a row that sees no key: O = 0, L = 0
         ctx.save_for_backward(q, k, v, bias, keep, out, log_sum_exp)
-        ctx.scale = scale
+        ctx.scale, ctx.hankel, ctx.scratch = scale, hankel, scratch
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out):
         q, k, v, bias, keep, out, log_sum_exp = ctx.saved_tensors
         dtype = q.dtype
@@ -169,29 +375,48 @@ class _FlashWithBiasGradient(torch.autograd.Function):
             # The flash kernel keeps L in float32; the backward runs there too, as SDPA's
             # own low-precision backward accumulates in float32.
             q, k, v, bias, out, grad_out = (t.float() for t in (q, k, v, bias, out, grad_out))
-        mask = bias if keep is None else bias.masked_fill(~keep, -math.inf)
         batch, heads, block, n_k = *q.shape[:3], k.shape[2]
+        scratch = ctx.scratch or BackwardScratch()
         q, k, v = q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1)  # (B·H, ·, d)
         grad_out, out = grad_out.flatten(0, 1), out.flatten(0, 1)
-        scores = torch.bmm(q * ctx.scale, k.transpose(1, 2)).view(batch, heads, block, n_k)
-        # In the forward's order, scale · q kᵀ + bias, then − L: large logits lose less.
-        scores = scores.add_(mask).sub_(log_sum_exp.to(scores.dtype)[..., None]).flatten(0, 1)
+        # S − L = (B − L) + scale · q kᵀ: one pass writes B − L, the product adds to it.
+        scores = scratch.matrix("scores", (batch * heads, block, n_k), q)
+        grid = scores.view(batch, heads, block, n_k)
+        bias_grid = bias.unfold(-1, n_k, 1) if ctx.hankel else bias
+        torch.sub(bias_grid, log_sum_exp.to(scores.dtype)[..., None], out=grid)
+        if keep is not None:
+            grid.masked_fill_(~keep, -math.inf)
+        scores.baddbmm_(q, k.transpose(1, 2), alpha=ctx.scale)
         # exp is many times slower below −87, where float32 underflows, than above it:
         # clamp there, then set what was clamped (P <= 1.65e−38: every hidden key) to 0.
         probabilities = F.threshold_(scores.clamp_(min=-87.0).exp_(), 1.7e-38, 0.0)  # P
-        grad_v = torch.bmm(probabilities.transpose(1, 2), grad_out)
+        # Products with a transposed operand run fastest as (d, ·) · (·, Nk), so dv and dk
+        # are formed transposed: dvᵀ = dOᵀ P, dkᵀ = scale · qᵀ dS.
+        grad_v = torch.bmm(grad_out.transpose(1, 2).contiguous(), probabilities)
         row_dot = (grad_out * out).sum(dim=-1, keepdim=True)  # rowsum(dO ⊙ O)
-        grad_scores = torch.bmm(grad_out, v.transpose(1, 2)).sub_(row_dot)  # dP − rowsum
-        grad_scores = grad_scores.mul_(probabilities)  # dS
+        # dP − rowsum(dO ⊙ O): the product adds to the broadcast row sums.
+        grad_scores = scratch.matrix("grad_scores", (batch * heads, block, n_k), q)
+        torch.baddbmm(row_dot.neg_(), grad_out, v.transpose(1, 2), out=grad_scores)
+        if ctx.hankel:  # dS, written skewed (products would not write a strided output)
+            skew, skewed = scratch.hankel((batch, heads, block, n_k), q)
+            grad_scores = torch.mul(grad_scores, probabilities, out=skewed.flatten(0, 1))
+        else:
+            grad_scores = grad_scores.mul_(probabilities)  # dS
         grad_q = torch.bmm(grad_scores, k).mul_(ctx.scale)
-        grad_k = torch.bmm(grad_scores.transpose(1, 2), q).mul_(ctx.scale)
-        grad_bias = grad_scores.view(batch, heads, block, n_k).sum_to_size(bias.shape)
+        grad_k = torch.bmm(q.transpose(1, 2).contiguous(), grad_scores).mul_(ctx.scale)
+        if ctx.hankel:
+            grad_bias = skew.sum(dim=2).sum_to_size(bias.shape)  # (H, Nq + Nk − 1)
+        else:
+            grad_bias = grad_scores.view(batch, heads, block, n_k).sum_to_size(bias.shape)
         shape = (batch, heads, -1, q.shape[-1])
+        transposed = (batch, heads, q.shape[-1], -1)
         return (
             grad_q.view(shape).to(dtype),
-            grad_k.view(shape).to(dtype),
-            grad_v.view(shape).to(dtype),
+            grad_k.view(transposed).transpose(2, 3).to(dtype),
+            grad_v.view(transposed).transpose(2, 3).to(dtype),
             grad_bias.to(dtype),
+            None,
+            None,
             None,
             None,
         )
@@ -204,15 +429,32 @@ def biased_attention(
     bias: torch.Tensor,
     scale: float,
     keep: torch.Tensor | None = None,
+    scratch: BackwardScratch | None = None,
 ) -> torch.Tensor:
     """softmax(scale · q kᵀ + bias) v -> (B, H, Nq, d) on the CPU flash kernel, with the
     gradient of `bias` as well as of q, k and v (`_FlashWithBiasGradient`).
 
     q (B, H, Nq, d), k and v (B, H, Nk, d); bias broadcasts to (B, H, Nq, Nk) and may be
     a view (it is what is kept for backward, with `keep`); keep (B, 1, 1, Nk) bool, if
-    given, hides keys (−inf). A row that sees no key outputs 0.
+    given, hides keys (−inf). A row that sees no key outputs 0. Blocks of one call that
+    pass the same `scratch` share their backward's memory.
     """
-    return _FlashWithBiasGradient.apply(q, k, v, bias, keep, scale)
+    return _FlashWithBiasGradient.apply(q, k, v, bias, keep, scale, False, scratch)
+
+
+def hankel_biased_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    diagonals: torch.Tensor,
+    scale: float,
+    keep: torch.Tensor | None = None,
+    scratch: BackwardScratch | None = None,
+) -> torch.Tensor:
+    """`biased_attention` with the Hankel bias B[h, i, j] = diagonals[h, i + j],
+    diagonals (H, Nq + Nk − 1): never formed as a matrix, and its gradient is reduced
+    along anti-diagonals inside the backward."""
+    return _FlashWithBiasGradient.apply(q, k, v, diagonals, keep, scale, True, scratch)
 
 
 def relative_bias_attention(
@@ -258,12 +500,12 @@ def relative_bias_attention(
         # A causal block sees keys j <= stop − 1 only: reversed indices from Nk − stop.
         first = max(0, n_k - stop) if is_causal else 0
         windows = bias[:, start + first : stop + n_k - 1]  # diagonals of this block
-        mask = windows.unfold(1, n_k - first, 1)[None]  # (1, H, block, Nk − first), a view
         block_keep = None if keep is None else keep[..., first:]
         if fused_gradient:
-            return biased_attention(
-                q_block, k[:, :, first:], v[:, :, first:], mask, scale, block_keep
+            return hankel_biased_attention(
+                q_block, k[:, :, first:], v[:, :, first:], windows, scale, block_keep, scratch
             )
+        mask = windows.unfold(1, n_k - first, 1)[None]  # (1, H, block, Nk − first), a view
         if keep is not None:
             mask = mask.masked_fill(~block_keep, float("-inf"))  # (B, H, block, ·)
         return F.scaled_dot_product_attention(
@@ -283,6 +525,7 @@ def relative_bias_attention(
     fused_gradient = (
         torch.is_grad_enabled() and bias.requires_grad and dropout_p == 0.0 and not q.is_cuda
     )
+    scratch = BackwardScratch() if fused_gradient else None
     recompute = (
         torch.is_grad_enabled()
         and n_q > block_size

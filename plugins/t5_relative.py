@@ -107,10 +107,11 @@ class T5RelativeConfig(VariantConfig):
     """Add a bias to the q/k/v/out projections (T5 has none: use False to match it)."""
     dropout: float = 0.0
     """Dropout on the attention probabilities, in training mode only (T5: 0.1)."""
-    block_size: int = 1024
-    """Queries per fused call in the fast path; bounds the padding mask to
-    (B, H, block_size, Nk). Results do not depend on it; on CPU 1024 ran as fast as one
-    call over all queries (n = 2048–8192) and faster than 256 or 512."""
+    block_size: int = 256
+    """Queries per fused call in the fast path; bounds what a block holds to
+    (B, H, block_size, Nk) (a padding mask; in training, the backward's probabilities).
+    Results do not depend on it; in CPU training, smaller blocks keep that memory warm
+    from block to block (see docs/design.md)."""
 
     def __post_init__(self) -> None:
         if self.num_buckets < 4 or self.num_buckets % 2:
