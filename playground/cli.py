@@ -91,6 +91,9 @@ def command_info(registry: Registry, arguments: argparse.Namespace) -> int:
     )
     flops = cls.flops(4096, 4096, 512, 8, **dataclasses.asdict(cls.Config()))
     console.print(f"flops at n=4096, d_model=512, 8 heads: {flops / 1e9:.1f} GFLOP per sequence")
+    cached = cls(d_model=512, num_heads=8).kv_cache_per_token()
+    kept = "a fixed-size state" if cached is None else f"{cached} numbers per token and layer"
+    console.print(f"decoder cache at d_model=512, 8 heads: {kept}")
     table = Table(title=f"options of {cls.name} (playground.build({cls.name!r}, **options))")
     for column in ("option", "type", "default", "meaning"):
         table.add_column(column)

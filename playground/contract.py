@@ -343,6 +343,13 @@ class AttentionVariant(nn.Module):
         adds none (the default)."""
         return None
 
+    def kv_cache_per_token(self) -> int | None:
+        """Numbers a decoder keeps per generated token and layer for later queries (keys
+        and values, or what they are made from), all heads together; None when what it
+        keeps does not grow with the tokens (a recurrent state). The default is that of
+        the standard projections: a key and a value of d_model each."""
+        return 2 * self.d_model
+
     def reference_parameters(self) -> dict[str, str]:
         """Parameters of this variant that start from a parameter of exact attention of
         another name, {own name: exact attention's name}, so that fidelity compares like

@@ -137,6 +137,21 @@ class SoftmaxAttention(AttentionVariant):
         """True where query q_idx may attend to key kv_idx; the default allows all."""
         return torch.ones_like(q_idx >= kv_idx)
 
+    def project(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (B, H, Nq, d), k and v (B, H, Nk, d) from the inputs: the contract's
+        projections, split into heads. Override to change queries and keys before they
+        meet (rotate them by position, normalise them), calling this first; every path
+        uses it."""
+        return project_heads(self, query, key, value)
+
+    def context_mod(self, context: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+        """Each head's output (B, H, Nq, d) before the output projection, changed by a
+        function of the query input (B, Nq, d_model) (an output gate, say); the default
+        leaves it as it is. Every path uses it."""
+        return context
+
     def logit_bias(self, n_q: int, n_k: int) -> torch.Tensor | None:
         """An additive `score_mod`'s f(b, h, q_idx, kv_idx) for batch element 0: the
         bias figure draws it. None for a score_mod that is not additive, or none."""
@@ -161,6 +176,13 @@ class SoftmaxAttention(AttentionVariant):
     def _has_mask_mod(self) -> bool:
         return type(self).mask_mod is not SoftmaxAttention.mask_mod
 
+    def _output(
+        self, context: torch.Tensor, query: torch.Tensor, empty: torch.Tensor | None
+    ) -> torch.Tensor:
+        """context (B, H, Nq, d) -> output (B, Nq, d_model): `context_mod`, then the output
+        projection (queries that see nothing output zero)."""
+        return project_output(self, self.context_mod(context, query), empty)
+
     # --- reference ---------------------------------------------------------------------
     def _allowed(self, b, h, q_idx, kv_idx, keep, is_causal) -> torch.Tensor | None:
         """mask_mod ∧ causality ∧ padding, broadcast over (B, H, Nq, Nk); None = all."""
@@ -176,7 +198,7 @@ class SoftmaxAttention(AttentionVariant):
     def forward_reference(
         self, query, key, value, attention_mask, is_causal, need_weights
     ) -> AttentionOutput:
-        q, k, v = project_heads(self, query, key, value)  # (B, H, N, d)
+        q, k, v = self.project(query, key, value)  # (B, H, N, d)
         batch, heads, n_q, n_k = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
         b, h, q_idx, kv_idx = index_grid(
             batch, heads, torch.arange(n_q, device=q.device), torch.arange(n_k, device=q.device)
@@ -187,7 +209,7 @@ class SoftmaxAttention(AttentionVariant):
         if allowed is not None:
             allowed = allowed.expand(batch, -1, n_q, n_k)  # (B, H or 1, Nq, Nk)
         weights = masked_softmax(scores, allowed)  # (B, H, Nq, Nk)
-        output = project_output(self, weights @ v, empty_query_rows(allowed))
+        output = self._output(weights @ v, query, empty_query_rows(allowed))
         return AttentionOutput(
             output, weights.expand(batch, heads, n_q, n_k) if need_weights else None
         )
@@ -215,7 +237,7 @@ class SoftmaxAttention(AttentionVariant):
         return bias.to(like.dtype).broadcast_to(1, self.num_heads, 1, len(offsets))[0, :, 0]
 
     def _forward_relative(self, query, key, value, attention_mask, is_causal) -> AttentionOutput:
-        q, k, v = project_heads(self, query, key, value)  # (B, H, N, d)
+        q, k, v = self.project(query, key, value)  # (B, H, N, d)
         n_q, n_k = q.shape[2], k.shape[2]
         context = relative_bias_attention(
             q,
@@ -228,7 +250,7 @@ class SoftmaxAttention(AttentionVariant):
             self.config.block_size,
         )
         empty = queries_without_keys(attention_mask, n_q, n_k, is_causal)  # (B, Nq, 1) or None
-        return AttentionOutput(project_output(self, context, empty), None)
+        return AttentionOutput(self._output(context, query, empty), None)
 
     def _key_spans(
         self, batch: int, heads: int, n_q: int, n_k: int, is_causal: bool, device
@@ -367,11 +389,11 @@ class SoftmaxAttention(AttentionVariant):
         return context, ~sees.any(dim=1)  # (B, H, blk, d), (B, blk)
 
     def _forward_blocked(self, query, key, value, attention_mask, is_causal) -> AttentionOutput:
-        q, k, v = project_heads(self, query, key, value)  # (B, H, N, d)
+        q, k, v = self.project(query, key, value)  # (B, H, N, d)
         if not (self._has_score_mod or self._has_mask_mod) and attention_mask is None:
             # Nothing to mask but causality, which SDPA does itself: no blocks needed.
             context = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=self.scale)
-            return AttentionOutput(project_output(self, context, None), None)
+            return AttentionOutput(self._output(context, query, None), None)
         batch, heads, n_q, n_k = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
         spans = self._key_spans(batch, heads, n_q, n_k, is_causal, q.device)
         # Training: recompute each block in backward, so only one block's scores live.
@@ -411,12 +433,12 @@ class SoftmaxAttention(AttentionVariant):
             empties.append(empty)
         context = torch.cat(contexts, dim=2)  # (B, H, Nq, d)
         empty = torch.cat(empties, dim=1)[..., None]  # (B, Nq, 1)
-        return AttentionOutput(project_output(self, context, empty if empty.any() else None), None)
+        return AttentionOutput(self._output(context, query, empty if empty.any() else None), None)
 
     def _forward_flex(self, query, key, value, attention_mask, is_causal) -> AttentionOutput:
         from torch.nn.attention.flex_attention import create_block_mask
 
-        q, k, v = project_heads(self, query, key, value)  # (B, H, N, d)
+        q, k, v = self.project(query, key, value)  # (B, H, N, d)
         batch, heads, n_q, n_k = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
 
         def mask_mod(b, h, q_idx, kv_idx):
@@ -438,7 +460,7 @@ class SoftmaxAttention(AttentionVariant):
             return_lse=True,
         )  # (B, H, Nq, d), (B, H, Nq); a query that sees nothing gets 0 and lse −inf
         empty = torch.isneginf(log_sum_exp).all(dim=1)[..., None]  # (B, Nq, 1)
-        return AttentionOutput(project_output(self, context, empty), None)
+        return AttentionOutput(self._output(context, query, empty), None)
 
 
 class ExactAttention(SoftmaxAttention):

@@ -1,0 +1,87 @@
+"""RoPE: Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding",
+§3.4.
+
+No position embeddings are added to the tokens; queries and keys are rotated by their
+positions before they meet, so that their dot product depends on the offset only:
+
+    f(x, m) = R_m x,    θ_i = base^(−2(i − 1)/d),  i = 1 … d/2           (§3.4.2, eq. 15)
+    (R_m q)ᵀ (R_n k) = qᵀ R_(n − m) k                                    (eq. 16)
+
+R_m rotates each pair of dimensions by m θ_i. In HF Llama's layout ("rotate half"),
+dimension i pairs with i + d/2:
+
+    R_m x = x ⊙ cos(m θ) + rotate_half(x) ⊙ sin(m θ),   rotate_half([x₁, x₂]) = [−x₂, x₁]
+
+with θ repeated over both halves (§3.4.3 writes the same rotation for interleaved pairs).
+Queries are at positions 0 … Nq − 1 and keys at 0 … Nk − 1. Then softmax attention as
+usual, so every path of `SoftmaxAttention` serves: the fast one, with no mods, is one fused
+SDPA call.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+import playground
+
+
+@dataclass(frozen=True)
+class RopeConfig(playground.SoftmaxConfig):
+    base: float = 10000.0
+    """The base of the frequencies θ_i (the paper and Llama: 10000)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.base > 1:
+            raise ValueError(f"base must be a number above 1; got {self.base}")
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """[x₁, x₂] -> [−x₂, x₁] over the last dimension."""
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat([-second, first], dim=-1)
+
+
+class RopeAttention(playground.SoftmaxAttention):
+    name, summary = "rope", "Softmax attention with rotary position embeddings on q and k."
+    paper = "Su et al. 2021, RoFormer: Rotary Position Embedding, §3.4"
+    Config = RopeConfig
+    colour = "#8c564b"  # brown, in every figure
+    encodes_positions = True  # the rotation replaces position embeddings (§3.4)
+
+    @staticmethod
+    def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: object) -> float:
+        rotations = 3 * (n_q + n_k) * d_model  # x cos + rotate_half(x) sin, for q and k
+        return playground.SoftmaxAttention.flops(n_q, n_k, d_model, num_heads) + rotations
+
+    def __init__(self, d_model=512, num_heads=8, **options):
+        super().__init__(d_model, num_heads, **options)
+        if self.head_dim % 2:
+            raise playground.ConfigError(
+                f"rope rotates pairs of dimensions, so the head dimension d_model / "
+                f"num_heads = {self.head_dim} must be even"
+            )
+        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim
+        self.register_buffer("inv_freq", 1.0 / self.config.base**exponents, persistent=False)
+
+    def rotation(self, n: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos(m θ) and sin(m θ), (N, d) in like's dtype, for positions m = 0 … N − 1;
+        computed in float32 (float64 for float64), as Llama does."""
+        dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
+        position = torch.arange(n, device=like.device, dtype=dtype)
+        angles = position[:, None] * self.inv_freq.to(dtype)  # (N, d/2)
+        angles = torch.cat([angles, angles], dim=-1)  # (N, d): θ over both halves
+        return angles.cos().to(like.dtype), angles.sin().to(like.dtype)
+
+    def project(self, query, key, value):
+        q, k, v = super().project(query, key, value)  # (B, H, N, d)
+        cos, sin = self.rotation(max(q.shape[2], k.shape[2]), q)
+        n_q, n_k = q.shape[2], k.shape[2]
+        q = q * cos[:n_q] + rotate_half(q) * sin[:n_q]
+        k = k * cos[:n_k] + rotate_half(k) * sin[:n_k]
+        return q, k, v
+
+
+@playground.hookimpl
+def register_attention(register):
+    register(RopeAttention)
