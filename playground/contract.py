@@ -45,6 +45,12 @@ class Capabilities:
     """`key`/`value` different from `query` (and possibly of another length)."""
     need_weights: bool = False
     """`need_weights=True` returns the (B, H, Nq, Nk) attention probabilities."""
+    weights_sum_to_one: bool = True
+    """With `need_weights`: each real query's weights sum to 1. False for weights that
+    are not a distribution (sigmoid attention's, differential attention's)."""
+    weights_nonnegative: bool = True
+    """With `need_weights`: no weight is negative. False for differential attention,
+    whose weights are a difference of two softmaxes."""
     max_seq_len: int | None = None
     """Longest key sequence the variant accepts; None = no limit."""
     max_seq_len_hint: str = ""

@@ -190,9 +190,13 @@ def check_causality(subject: Subject) -> None:
 
 
 def check_weights_sum_to_one(subject: Subject) -> None:
-    """Every real query that can see a key has non-negative weights summing to 1."""
-    if not subject.caps.need_weights:
+    """Every real query that can see a key has non-negative weights summing to 1, or as
+    much of that as the variant declares (`weights_sum_to_one`, `weights_nonnegative`)."""
+    caps = subject.caps
+    if not caps.need_weights:
         raise CheckSkipped("need_weights not declared")
+    if not (caps.weights_sum_to_one or caps.weights_nonnegative):
+        raise CheckSkipped("the weights are declared neither to sum to 1 nor non-negative")
     for n, mode, case in subject.corners():
         with running(mode):
             weights = subject.build(mode=mode)(subject.tokens(n), need_weights=True, **case).weights
@@ -205,7 +209,10 @@ def check_weights_sum_to_one(subject: Subject) -> None:
             # it no weights at all); real queries must sum to 1.
             rows = rows & case["attention_mask"][:, None, :]
         error = (weights.sum(dim=-1)[rows] - 1).abs().max().item() if rows.any() else 0.0
-        if error > TOLERANCE or weights.min().item() < 0:
+        negative = weights.min().item() < 0
+        if (caps.weights_sum_to_one and error > TOLERANCE) or (
+            caps.weights_nonnegative and negative
+        ):
             raise CheckFailed(
                 f"weights rows sum to 1 ± {error:.3g} (min weight {weights.min().item():.3g}) "
                 f"({where(n, mode, case)})"

@@ -1,0 +1,151 @@
+"""Differential attention: Ye et al. 2025, "Differential Transformer", §2.1.
+
+Each head's queries and keys are split in two halves, and the head attends with the
+difference of the two softmax maps, which cancels the attention both give to irrelevant
+context (common-mode noise):
+
+    [Q₁; Q₂] = X W^Q,  [K₁; K₂] = X W^K,  V = X W^V
+    DiffAttn(X) = (softmax(Q₁K₁ᵀ / √d) − λ softmax(Q₂K₂ᵀ / √d)) V          (eq. 1)
+    λ = exp(λ_q1 · λ_k1) − exp(λ_q2 · λ_k2) + λ_init                         (eq. 2)
+    λ_init = 0.8 − 0.6 · exp(−0.3 · (l − 1)),  l = 1 … L the layer          (eq. 3)
+    head_i' = (1 − λ_init) · RMSNorm(head_i),   output = Concat(head_i') W^O   (eqs. 4–5)
+
+Here a head is d_model / num_heads = 2d wide: its first d query/key channels are Q₁, K₁,
+the next d are Q₂, K₂, and its value keeps all 2d (so num_heads here is the paper's h,
+half of a baseline's heads at equal width). λ's four vectors (d each, initialised
+N(0, 0.1²)) are shared by the heads of a layer; the norm is an RMSNorm over 2d with a
+learned weight, ε = 1e-5, in float32. `depth` is l − 1. The weights, a difference of two
+distributions, sum to 1 − λ and may be negative. The public reference (microsoft/unilm
+Diff-Transformer/multihead_diffattn.py) is not on PyPI: tests check these equations.
+
+The reference forms both maps; the fast path runs both halves as 2H heads of one fused
+SDPA call and subtracts the two outputs (A₁V − λ A₂V = (A₁ − λA₂)V).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import playground
+from playground import AttentionOutput, AttentionVariant, Capabilities, VariantConfig
+from playground.heads import (
+    add_projections,
+    attention_flops,
+    project_heads,
+    project_output,
+    projection_flops,
+)
+from playground.masks import allowed_keys, empty_query_rows, masked_softmax
+
+
+@dataclass(frozen=True)
+class DifferentialConfig(VariantConfig):
+    depth: int = 0
+    """The layer's index from 0 (l − 1 in eq. 3): λ_init = 0.8 − 0.6 · exp(−0.3 · depth)."""
+    bias: bool = False
+    """Add a bias to the q/k/v/out projections (the paper's have none)."""
+
+    def __post_init__(self) -> None:
+        if self.depth < 0:
+            raise ValueError(f"depth must be a non-negative integer; got {self.depth}")
+
+
+class DifferentialAttention(AttentionVariant):
+    name = "differential"
+    summary = "Two softmax maps per head, subtracted with a learned λ; heads RMS-normalised."
+    paper = "Ye et al. 2025, Differential Transformer, §2.1"
+    Config = DifferentialConfig
+    colour = "#98df8a"  # light green, in every figure
+    capabilities = Capabilities(
+        causal=True,
+        padding_mask=True,
+        cross_attention=True,
+        need_weights=True,
+        weights_sum_to_one=False,  # they sum to 1 − λ
+        weights_nonnegative=False,
+        dtypes=(torch.float32, torch.float64, torch.bfloat16),
+    )
+
+    @staticmethod
+    def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: object) -> float:
+        # Q₁K₁ᵀ and Q₂K₂ᵀ are half-width each: one Q Kᵀ's worth; A₁V and A₂V two P V's.
+        scores_and_mix = attention_flops(n_q * n_k, d_model) * 3 / 2
+        return projection_flops(n_q, n_k, d_model) + scores_and_mix + 6 * n_q * d_model
+
+    def __init__(self, d_model: int = 512, num_heads: int = 8, **options: object) -> None:
+        super().__init__(d_model, num_heads, **options)
+        if self.head_dim % 2:
+            raise playground.ConfigError(
+                f"differential attention splits each head's queries and keys in two, so "
+                f"d_model / num_heads = {self.head_dim} must be even"
+            )
+        add_projections(self, d_model, bias=self.config.bias)
+        half = self.head_dim // 2
+        self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * self.config.depth)
+        for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+            setattr(self, name, nn.Parameter(torch.randn(half) * 0.1))
+        self.norm = nn.RMSNorm(self.head_dim, eps=1e-5)
+        self.scale = 1 / math.sqrt(half)
+
+    def differential_lambda(self) -> torch.Tensor:
+        """λ of eq. 2, a scalar, computed in float32."""
+        first = torch.exp((self.lambda_q1.float() * self.lambda_k1.float()).sum())
+        second = torch.exp((self.lambda_q2.float() * self.lambda_k2.float()).sum())
+        return first - second + self.lambda_init
+
+    def _halves(self, query, key, value):
+        """q and k (B, H, N, 2, d): the two halves of each head; v (B, H, Nk, 2d)."""
+        q, k, v = project_heads(self, query, key, value)
+        return q.unflatten(-1, (2, -1)), k.unflatten(-1, (2, -1)), v
+
+    def _heads_out(self, heads: torch.Tensor, query, empty) -> torch.Tensor:
+        """(B, H, Nq, 2d) -> output: per-head RMSNorm (float32), × (1 − λ_init), W^O."""
+        dtype = torch.float64 if heads.dtype == torch.float64 else torch.float32
+        weight = self.norm.weight.to(dtype)
+        normed = F.rms_norm(heads.to(dtype), (self.head_dim,), weight, self.norm.eps)
+        return project_output(self, normed.to(heads.dtype) * (1 - self.lambda_init), empty)
+
+    def forward_reference(
+        self, query, key, value, attention_mask, is_causal, need_weights
+    ) -> AttentionOutput:
+        q, k, v = self._halves(query, key, value)
+        allowed = allowed_keys(attention_mask, q.shape[2], k.shape[2], is_causal, q.device)
+        maps = [
+            masked_softmax(
+                q[..., half, :] @ k[..., half, :].transpose(-2, -1) * self.scale, allowed
+            )
+            for half in (0, 1)
+        ]  # A₁, A₂ (B, H, Nq, Nk)
+        weights = maps[0] - self.differential_lambda().to(q.dtype) * maps[1]
+        output = self._heads_out(weights @ v, query, empty_query_rows(allowed))
+        return AttentionOutput(output, weights if need_weights else None)
+
+    # --- fast path ----------------------------------------------------------------------
+    def forward_fast(
+        self, query, key, value, attention_mask, is_causal, need_weights
+    ) -> AttentionOutput:
+        if need_weights:
+            return self.forward_reference(query, key, value, attention_mask, is_causal, True)
+        q, k, v = self._halves(query, key, value)
+        # Both halves as 2H heads of one call: (B, H, 2, N, d) -> (B, 2H, N, d).
+        q2 = q.movedim(3, 2).flatten(1, 2)
+        k2 = k.movedim(3, 2).flatten(1, 2)
+        v2 = v.repeat_interleave(2, dim=1)  # each half mixes the head's whole value
+        allowed = allowed_keys(attention_mask, q.shape[2], k.shape[2], is_causal, q.device)
+        if allowed is None:
+            both = F.scaled_dot_product_attention(q2, k2, v2, is_causal=is_causal, scale=self.scale)
+        else:
+            both = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=allowed, scale=self.scale)
+        first, second = both.unflatten(1, (-1, 2)).unbind(2)  # A₁V, A₂V (B, H, Nq, 2d)
+        heads = first - self.differential_lambda().to(q.dtype) * second
+        return AttentionOutput(self._heads_out(heads, query, empty_query_rows(allowed)), None)
+
+
+@playground.hookimpl
+def register_attention(register):
+    register(DifferentialAttention)
