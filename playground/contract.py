@@ -51,6 +51,10 @@ class Capabilities:
     weights_nonnegative: bool = True
     """With `need_weights`: no weight is negative. False for differential attention,
     whose weights are a difference of two softmaxes."""
+    deterministic_in_training: bool = True
+    """Two training-mode calls on the same input give the same output. False for a
+    variant that draws random numbers in training (Performer redrawing its features):
+    the contract suite then gives every training call it compares the same seed."""
     max_seq_len: int | None = None
     """Longest key sequence the variant accepts; None = no limit."""
     max_seq_len_hint: str = ""

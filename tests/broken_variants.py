@@ -380,3 +380,42 @@ class FastGradientSlightlyOff(Vanilla):
         )
         nudge = 1e-6 * query.sum(dim=-1, keepdim=True)
         return AttentionOutput(output + nudge - nudge.detach(), weights)
+
+
+class UndeclaredTrainingNoise(Vanilla):
+    """Adds noise in training without declaring deterministic_in_training=False."""
+
+    name = "broken_training_noise"
+
+    def forward_fast(self, query, key, value, attention_mask, is_causal, need_weights):
+        result = super().forward_fast(query, key, value, attention_mask, is_causal, need_weights)
+        if self.training:
+            result = AttentionOutput(result.output + 1e-3 * torch.randn_like(result.output), None)
+        return result
+
+
+class FalselyRandom(Vanilla):
+    """Declares itself random in training, but is not."""
+
+    name = "broken_falsely_random"
+    capabilities = dataclasses.replace(Vanilla.capabilities, deterministic_in_training=False)
+
+
+class NegativeWeightsDeclaredNonnegative(Vanilla):
+    """Declares weights that sum to 1 and are non-negative; some are negative."""
+
+    name = "broken_negative_weights"
+
+    def forward_reference(self, query, key, value, attention_mask, is_causal, need_weights):
+        output, weights = super().forward_reference(
+            query, key, value, attention_mask, is_causal, need_weights
+        )
+        if weights is None:
+            return AttentionOutput(output, None)
+        # w (1 + 3 (s − Σ w s)), s = ±1 by key: rows still sum to 1, zeros stay 0, and
+        # the keys with s = −1 go negative.
+        sign = 1.0 - 2.0 * (torch.arange(weights.shape[-1]) % 2).to(weights.dtype)
+        drift = sign - (weights * sign).sum(dim=-1, keepdim=True)
+        return AttentionOutput(output, weights * (1 + 3 * drift))
+
+    forward_fast = None

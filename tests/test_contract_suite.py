@@ -68,6 +68,9 @@ def test_contract(case):
         (broken_variants.FalselyAdditive, "check_fast_matches_reference"),
         (broken_variants.Bfloat16BackwardBroken, "check_bfloat16"),
         (broken_variants.FastGradientSlightlyOff, "check_float64"),
+        (broken_variants.UndeclaredTrainingNoise, "check_training_randomness_is_declared"),
+        (broken_variants.FalselyRandom, "check_training_randomness_is_declared"),
+        (broken_variants.NegativeWeightsDeclaredNonnegative, "check_weights_sum_to_one"),
     ],
     ids=lambda value: value if isinstance(value, str) else value.__name__,
 )

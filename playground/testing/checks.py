@@ -273,6 +273,29 @@ def check_eval_mode_is_deterministic(subject: Subject) -> None:
         raise CheckFailed(f"two eval-mode calls differ by {difference:.3g}")
 
 
+def check_training_randomness_is_declared(subject: Subject) -> None:
+    """Training is as random as declared: two training-mode calls agree exactly when
+    `deterministic_in_training`, and differ under different seeds when it is not."""
+    module = subject.build().train()  # built for eval: no seeding hook
+    x = subject.tokens()
+    with torch.no_grad():
+        torch.manual_seed(1)
+        first = module(x).output
+        torch.manual_seed(2)
+        second = module(x).output
+    difference = max_difference(first, second)
+    if subject.caps.deterministic_in_training and difference != 0:
+        raise CheckFailed(
+            f"two training-mode calls differ by {difference:.3g}, but the variant does not "
+            f"declare deterministic_in_training=False"
+        )
+    if not subject.caps.deterministic_in_training and difference == 0:
+        raise CheckFailed(
+            "declared random in training (deterministic_in_training=False), but two "
+            "training-mode calls under different seeds agree exactly"
+        )
+
+
 def check_fast_matches_reference(subject: Subject) -> None:
     """impl="fast" equals impl="reference" (same weights) within 1e-5 in fp32 at every
     length, in both modes, for every mask combination the variant declares (and for
@@ -521,6 +544,7 @@ CHECKS: tuple[Callable[[Subject], None], ...] = (
     check_padded_weights_are_zero,
     check_causality,
     check_weights_sum_to_one,
+    check_training_randomness_is_declared,
     check_fully_masked_rows_are_zero,
     check_gradients_reach_every_parameter,
     check_eval_mode_is_deterministic,

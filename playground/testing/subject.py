@@ -21,8 +21,15 @@ MAX_LENGTH = 2 * LONG_LENGTH
 """Special sizes past this are not tested (causality costs O(n²) calls' worth of work):
 a variant's `suite_options` make its special sizes small, as the shipped ones do."""
 
+TRAINING_SEED = 5
+"""The seed of every training call of a variant declared random in training."""
+
 Mode = Literal["eval", "train"]
 MODES: tuple[Mode, ...] = ("eval", "train")
+
+
+def _seed_training_call(*_: Any) -> None:
+    torch.manual_seed(TRAINING_SEED)
 
 
 @dataclass
@@ -66,6 +73,10 @@ class Subject:
         options = {**self.cls.suite_options, **self.options, "impl": self.impl, **overrides}
         module = self.cls(d_model=self.d_model, num_heads=self.num_heads, **options)
         module = module.to(dtype)
+        if mode == "train" and not module.capabilities.deterministic_in_training:
+            # Declared random in training: every call draws the same numbers, so that
+            # calls can be compared (the randomness itself is checked on its own).
+            module.register_forward_pre_hook(_seed_training_call)
         return module.train() if mode == "train" else module.eval()
 
     def tokens(
