@@ -4,6 +4,7 @@ features; fixed features in eval and redrawn ones in training only by option."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 
@@ -72,7 +73,7 @@ def error_against_exact(nb_features: int, seeds=range(4)) -> float:
 
 def test_the_error_falls_as_features_grow():
     curve = [error_against_exact(m) for m in (4, 16, 64, 256)]
-    assert all(later < earlier for earlier, later in zip(curve, curve[1:]))
+    assert all(later < earlier for earlier, later in itertools.pairwise(curve))
     assert curve[-1] < curve[0] / 3
 
 
