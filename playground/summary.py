@@ -275,8 +275,7 @@ def print_summary(lines: list[Line], console: Console) -> None:
             table.title = PASS_TITLES.get(pass_name, pass_name)
             console.print(table)
     console.print(
-        "\n[bold]Scaling[/bold]: fitted exponent of time and memory vs n "
-        "(1 = linear, 2 = quadratic)"
+        "\n[bold]Scaling[/bold]: fitted exponent of time and memory vs n (1: grows as n, 2: as n²)"
     )
     scaling = compact_table()
     scaling.add_column("variant", no_wrap=True)

@@ -13,8 +13,8 @@ context (common-mode noise):
 Here a head is d_model / num_heads = 2d wide: its first d query/key channels are Q₁, K₁,
 the next d are Q₂, K₂, and its value keeps all 2d (so num_heads here is the paper's h,
 half of a baseline's heads at equal width). λ's four vectors (d each, initialised
-N(0, 0.1²)) are shared by the heads of a layer; the norm is an RMSNorm over 2d with a
-learned weight, ε = 1e-5, in float32. `depth` is l − 1. The weights, a difference of two
+N(0, 0.1²)) are shared by the heads of a layer; the norm (`subln`, the reference's name) is an RMSNorm over 2d with a
+learned weight, ε = 1e-5, in float32. `layer_depth` is l − 1. The weights, a difference of two
 distributions, sum to 1 − λ and may be negative. The public reference (microsoft/unilm
 Diff-Transformer/multihead_diffattn.py) is not on PyPI: tests check these equations.
 
@@ -45,14 +45,14 @@ from playground.masks import allowed_keys, empty_query_rows, masked_softmax
 
 @dataclass(frozen=True)
 class DifferentialConfig(VariantConfig):
-    depth: int = 0
-    """The layer's index from 0 (l − 1 in eq. 3): λ_init = 0.8 − 0.6 · exp(−0.3 · depth)."""
+    layer_depth: int = 0
+    """The layer's index from 0 (l − 1 in eq. 3): λ_init = 0.8 − 0.6 · exp(−0.3 · layer_depth)."""
     bias: bool = False
     """Add a bias to the q/k/v/out projections (the paper's have none)."""
 
     def __post_init__(self) -> None:
-        if self.depth < 0:
-            raise ValueError(f"depth must be a non-negative integer; got {self.depth}")
+        if self.layer_depth < 0:
+            raise ValueError(f"layer_depth must be a non-negative integer; got {self.layer_depth}")
 
 
 class DifferentialAttention(AttentionVariant):
@@ -86,10 +86,10 @@ class DifferentialAttention(AttentionVariant):
             )
         add_projections(self, d_model, bias=self.config.bias)
         half = self.head_dim // 2
-        self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * self.config.depth)
+        self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * self.config.layer_depth)
         for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
             setattr(self, name, nn.Parameter(torch.randn(half) * 0.1))
-        self.norm = nn.RMSNorm(self.head_dim, eps=1e-5)
+        self.subln = nn.RMSNorm(self.head_dim, eps=1e-5)
         self.scale = 1 / math.sqrt(half)
 
     def differential_lambda(self) -> torch.Tensor:
@@ -106,8 +106,8 @@ class DifferentialAttention(AttentionVariant):
     def _heads_out(self, heads: torch.Tensor, query, empty) -> torch.Tensor:
         """(B, H, Nq, 2d) -> output: per-head RMSNorm (float32), × (1 − λ_init), W^O."""
         dtype = torch.float64 if heads.dtype == torch.float64 else torch.float32
-        weight = self.norm.weight.to(dtype)
-        normed = F.rms_norm(heads.to(dtype), (self.head_dim,), weight, self.norm.eps)
+        weight = self.subln.weight.to(dtype)
+        normed = F.rms_norm(heads.to(dtype), (self.head_dim,), weight, self.subln.eps)
         return project_output(self, normed.to(heads.dtype) * (1 - self.lambda_init), empty)
 
     def forward_reference(

@@ -25,7 +25,7 @@ import playground
 
 @dataclass(frozen=True)
 class GatedConfig(playground.SoftmaxConfig):
-    gate: Literal["headwise", "elementwise"] = "headwise"
+    gating: Literal["headwise", "elementwise"] = "headwise"
     """One gate per head and token ("headwise"), or one per head dimension ("elementwise",
     Qwen3-Next's)."""
 
@@ -39,18 +39,18 @@ class GatedAttention(playground.SoftmaxAttention):
 
     @staticmethod
     def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: object) -> float:
-        width = d_model if options.get("gate") == "elementwise" else num_heads
+        width = d_model if options.get("gating") == "elementwise" else num_heads
         gate = 2 * n_q * d_model * width + n_q * d_model  # X W_θ, then Y ⊙ σ(·)
         return playground.SoftmaxAttention.flops(n_q, n_k, d_model, num_heads) + gate
 
     def __init__(self, d_model=512, num_heads=8, **options):
         super().__init__(d_model, num_heads, **options)
-        width = d_model if self.config.gate == "elementwise" else num_heads
+        width = d_model if self.config.gating == "elementwise" else num_heads
         self.gate_proj = nn.Linear(d_model, width, bias=self.config.bias)  # W_θ
 
     def context_mod(self, context, query):
         gate = torch.sigmoid(self.gate_proj(query))  # (B, Nq, H) or (B, Nq, H·d)
-        if self.config.gate == "elementwise":
+        if self.config.gating == "elementwise":
             gate = gate.unflatten(-1, (self.num_heads, self.head_dim))  # (B, Nq, H, d)
         else:
             gate = gate[..., None]  # (B, Nq, H, 1)

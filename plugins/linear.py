@@ -80,7 +80,7 @@ class LinearAttention(AttentionVariant):
     def kv_cache_per_token(self) -> None:
         return None  # a decoder keeps S and z, (d + 1) · d per head, whatever the length
 
-    def _features(self, query, key, value, attention_mask):
+    def _feature_maps(self, query, key, value, attention_mask):
         """φ(q) (B, H, Nq, d), φ(k) with padded keys zeroed, v (B, H, Nk, d)."""
         q, k, v = project_heads(self, query, key, value)
         phi_k = feature_map(k)
@@ -91,7 +91,7 @@ class LinearAttention(AttentionVariant):
     def forward_reference(
         self, query, key, value, attention_mask, is_causal, need_weights
     ) -> AttentionOutput:
-        phi_q, phi_k, v = self._features(query, key, value, attention_mask)
+        phi_q, phi_k, v = self._feature_maps(query, key, value, attention_mask)
         similarity = phi_q @ phi_k.transpose(-2, -1)  # A (B, H, Nq, Nk), padded keys 0
         allowed = allowed_keys(attention_mask, phi_q.shape[2], phi_k.shape[2], is_causal, v.device)
         if allowed is not None:
@@ -106,7 +106,7 @@ class LinearAttention(AttentionVariant):
     ) -> AttentionOutput:
         if need_weights:
             return self.forward_reference(query, key, value, attention_mask, is_causal, True)
-        phi_q, phi_k, v = self._features(query, key, value, attention_mask)
+        phi_q, phi_k, v = self._feature_maps(query, key, value, attention_mask)
         if is_causal:
             context = self._causal(phi_q, phi_k, v)
         else:

@@ -134,7 +134,7 @@ class NystromAttention(AttentionVariant):
         m = min(self.config.num_landmarks, q.shape[2], k.shape[2])
         return q, k, v, segment_means(q, m), segment_means(k, m)
 
-    def _skip(self, context: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def _add_conv_skip(self, context: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return context if self.conv is None else context + self.conv(v)
 
     def forward_reference(
@@ -146,7 +146,7 @@ class NystromAttention(AttentionVariant):
         kernel_2 = (q_landmarks @ k_landmarks.transpose(-2, -1) * scale).softmax(dim=-1)  # Ã
         kernel_3 = (q_landmarks @ k.transpose(-2, -1) * scale).softmax(dim=-1)  # B̃ (·, m, N)
         mixing = kernel_1 @ iterative_pinv(kernel_2, self.config.pinv_iterations)  # F̃ Ã⁺
-        context = self._skip(mixing @ (kernel_3 @ v), v)
+        context = self._add_conv_skip(mixing @ (kernel_3 @ v), v)
         weights = mixing @ kernel_3 if need_weights else None  # (B, H, Nq, Nk)
         return AttentionOutput(project_output(self, context, None), weights)
 
@@ -162,7 +162,7 @@ class NystromAttention(AttentionVariant):
         kernel_2 = (q_landmarks @ k_landmarks.transpose(-2, -1) * scale).softmax(dim=-1)
         mixed = iterative_pinv(kernel_2, self.config.pinv_iterations) @ landmark_values
         context = F.scaled_dot_product_attention(q, k_landmarks, mixed)  # F̃ (Ã⁺ B̃ V)
-        return AttentionOutput(project_output(self, self._skip(context, v), None), None)
+        return AttentionOutput(project_output(self, self._add_conv_skip(context, v), None), None)
 
 
 @playground.hookimpl

@@ -15,7 +15,7 @@ same W), each feature subtracts a stabiliser before exp and adds ε = 1e-4 after
 query's own maximum, and for keys the maximum over the sequence's real keys (padding is
 left out of it and of the sums, so that padding cannot change a real output).
 
-W is drawn once, from `seed`, and kept as the buffer `projection_matrix` (so two modules
+W is drawn once, from `feature_seed`, and kept as the buffer `projection_matrix` (so two modules
 with the same seed agree, and parity tests can copy it). `redraw_features=True` draws a
 new W from torch's random generator at every training call, as the paper does between
 steps; eval always uses the kept one. Not causal: that needs prefix sums whose stabiliser
@@ -49,7 +49,7 @@ class PerformerConfig(VariantConfig):
     """m, the random features per head; 0 = ⌊d · ln d⌋ (performer_pytorch's default)."""
     redraw_features: bool = False
     """Draw a new projection at every training call (torch's random generator)."""
-    seed: int = 0
+    feature_seed: int = 0
     """Seed of the projection kept for eval (and for training unless redrawn)."""
     bias: bool = True
     """Add a bias to the q/k/v/out projections."""
@@ -121,7 +121,7 @@ class PerformerAttention(AttentionVariant):
         add_projections(self, d_model, bias=self.config.bias)
         d = self.head_dim
         self.nb_features = self.config.nb_features or int(d * math.log(d)) or 1
-        generator = torch.Generator().manual_seed(self.config.seed)
+        generator = torch.Generator().manual_seed(self.config.feature_seed)
         self.register_buffer(
             "projection_matrix", orthogonal_features(self.nb_features, d, generator)
         )
@@ -130,7 +130,7 @@ class PerformerAttention(AttentionVariant):
                 self.capabilities, deterministic_in_training=False
             )
 
-    def _features(self, query, key, value, attention_mask):
+    def _feature_maps(self, query, key, value, attention_mask):
         q, k, v = project_heads(self, query, key, value)
         projection = self.projection_matrix
         if self.training and self.config.redraw_features:
@@ -142,7 +142,7 @@ class PerformerAttention(AttentionVariant):
     def forward_reference(
         self, query, key, value, attention_mask, is_causal, need_weights
     ) -> AttentionOutput:
-        phi_q, phi_k, v = self._features(query, key, value, attention_mask)
+        phi_q, phi_k, v = self._feature_maps(query, key, value, attention_mask)
         kernel = phi_q @ phi_k.transpose(-2, -1)  # φ(Q) φ(K)ᵀ (B, H, Nq, Nk)
         weights = kernel / _nonzero(kernel.sum(dim=-1, keepdim=True))  # D⁻¹ φ(Q) φ(K)ᵀ
         empty = queries_without_keys(attention_mask, phi_q.shape[2], phi_k.shape[2], False)
@@ -155,7 +155,7 @@ class PerformerAttention(AttentionVariant):
     ) -> AttentionOutput:
         if need_weights:
             return self.forward_reference(query, key, value, attention_mask, is_causal, True)
-        phi_q, phi_k, v = self._features(query, key, value, attention_mask)
+        phi_q, phi_k, v = self._feature_maps(query, key, value, attention_mask)
         context = phi_q @ (phi_k.transpose(-2, -1) @ v)  # φ(Q) (φ(K)ᵀ V)
         normaliser = phi_q @ phi_k.sum(dim=2)[..., None]  # φ(Q) φ(K)ᵀ 1 (B, H, Nq, 1)
         empty = queries_without_keys(attention_mask, phi_q.shape[2], phi_k.shape[2], False)

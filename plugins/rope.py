@@ -27,13 +27,13 @@ import playground
 
 @dataclass(frozen=True)
 class RopeConfig(playground.SoftmaxConfig):
-    base: float = 10000.0
-    """The base of the frequencies θ_i (the paper and Llama: 10000)."""
+    rope_base: float = 10000.0
+    """The base of the frequencies θ_i (the paper and Llama: 10000; HF's `rope_theta`)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.base > 1:
-            raise ValueError(f"base must be a number above 1; got {self.base}")
+        if not self.rope_base > 1:
+            raise ValueError(f"rope_base must be a number above 1; got {self.rope_base}")
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -62,9 +62,9 @@ class RopeAttention(playground.SoftmaxAttention):
                 f"num_heads = {self.head_dim} must be even"
             )
         exponents = torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim
-        self.register_buffer("inv_freq", 1.0 / self.config.base**exponents, persistent=False)
+        self.register_buffer("inv_freq", 1.0 / self.config.rope_base**exponents, persistent=False)
 
-    def rotation(self, n: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rotary_cos_sin(self, n: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos(m θ) and sin(m θ), (N, d) in like's dtype, for positions m = 0 … N − 1;
         computed in float32 (float64 for float64), as Llama does."""
         dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
@@ -75,7 +75,7 @@ class RopeAttention(playground.SoftmaxAttention):
 
     def project(self, query, key, value):
         q, k, v = super().project(query, key, value)  # (B, H, N, d)
-        cos, sin = self.rotation(max(q.shape[2], k.shape[2]), q)
+        cos, sin = self.rotary_cos_sin(max(q.shape[2], k.shape[2]), q)
         n_q, n_k = q.shape[2], k.shape[2]
         q = q * cos[:n_q] + rotate_half(q) * sin[:n_q]
         k = k * cos[:n_k] + rotate_half(k) * sin[:n_k]

@@ -3,13 +3,21 @@ that writes plugin files into a temporary directory."""
 
 from __future__ import annotations
 
+import os
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from playground.registry import Registry
+
+# Under pytest-xdist each worker gets its share of the cores, so that workers do not
+# oversubscribe them (torch would give every worker every core).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
 
 
 @pytest.fixture

@@ -29,11 +29,11 @@ def equations(module, x, is_causal):
     lam = (
         torch.exp((module.lambda_q1 * module.lambda_k1).sum())
         - torch.exp((module.lambda_q2 * module.lambda_k2).sum())
-        + (0.8 - 0.6 * math.exp(-0.3 * module.config.depth))
+        + (0.8 - 0.6 * math.exp(-0.3 * module.config.layer_depth))
     )
     heads = (maps[0] - lam * maps[1]) @ v  # (B, H, N, 2d)
     rms = heads.pow(2).mean(dim=-1, keepdim=True).add(1e-5).rsqrt()
-    heads = heads * rms * module.norm.weight * (1 - module.lambda_init)
+    heads = heads * rms * module.subln.weight * (1 - module.lambda_init)
     return module.out_proj(heads.transpose(1, 2).flatten(2)), maps[0] - lam * maps[1]
 
 
@@ -42,9 +42,9 @@ def equations(module, x, is_causal):
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_equals_the_papers_equations(impl, depth, is_causal):
     torch.manual_seed(0)
-    module = playground.build("differential", D_MODEL, HEADS, depth=depth, impl=impl).double()
+    module = playground.build("differential", D_MODEL, HEADS, layer_depth=depth, impl=impl).double()
     with torch.no_grad():
-        module.norm.weight.uniform_(0.5, 1.5)  # a learned weight, not its initial ones
+        module.subln.weight.uniform_(0.5, 1.5)  # a learned weight, not its initial ones
     x = torch.randn(2, 13, D_MODEL, dtype=torch.float64)
     expected, weights = equations(module, x, is_causal)
     with torch.no_grad():
@@ -58,7 +58,7 @@ def test_equals_the_papers_equations(impl, depth, is_causal):
 
 def test_lambda_init_follows_depth():
     assert playground.build("differential", D_MODEL, HEADS).lambda_init == pytest.approx(0.2)
-    deep = playground.build("differential", D_MODEL, HEADS, depth=3)
+    deep = playground.build("differential", D_MODEL, HEADS, layer_depth=3)
     assert deep.lambda_init == pytest.approx(0.8 - 0.6 * math.exp(-0.9))
 
 

@@ -35,7 +35,7 @@ def qwen3_next_attention():
 
 def ours_from(theirs, impl):
     module = playground.build(
-        "gated", D_MODEL, HEADS, gate="elementwise", bias=False, impl=impl
+        "gated", D_MODEL, HEADS, gating="elementwise", bias=False, impl=impl
     ).eval()
     # Qwen3-Next's q_proj gives [q_h | gate_h] per head.
     query_and_gate = theirs.q_proj.weight.view(HEADS, 2 * HEAD_DIM, D_MODEL)
@@ -82,7 +82,7 @@ def test_an_ungated_model_is_caught():
 def test_an_open_gate_is_vanilla_at_half_the_output(gate):
     """σ(0) = 1/2 everywhere: half of exact attention's pre-projection output."""
     torch.manual_seed(0)
-    gated = playground.build("gated", D_MODEL, HEADS, gate=gate, bias=False)
+    gated = playground.build("gated", D_MODEL, HEADS, gating=gate, bias=False)
     vanilla = playground.build("vanilla", D_MODEL, HEADS, bias=False)
     vanilla.load_state_dict({k: v for k, v in gated.state_dict().items() if "gate" not in k})
     with torch.no_grad():
@@ -97,4 +97,4 @@ def test_headwise_gates_one_number_per_head():
     module = playground.build("gated", D_MODEL, HEADS)
     assert module.gate_proj.weight.shape == (HEADS, D_MODEL)
     with pytest.raises(playground.ConfigError, match="must be one of"):
-        playground.build("gated", D_MODEL, HEADS, gate="channel")
+        playground.build("gated", D_MODEL, HEADS, gating="channel")

@@ -61,7 +61,7 @@ def error_against_exact(nb_features: int, seeds=range(4)) -> float:
         torch.manual_seed(0)
         vanilla = playground.build("vanilla", D_MODEL, HEADS)
         performer = playground.build(
-            "performer", D_MODEL, HEADS, nb_features=nb_features, seed=seed
+            "performer", D_MODEL, HEADS, nb_features=nb_features, feature_seed=seed
         )
         state = {**performer.state_dict(), **vanilla.state_dict()}
         performer.load_state_dict(state)
@@ -87,7 +87,7 @@ def test_features_are_fixed_in_eval_and_redrawn_in_training_only_by_option():
         assert torch.equal(fixed(x).output, fixed(x).output)
         assert not torch.equal(redrawn.train()(x).output, redrawn(x).output)
         assert torch.equal(redrawn.eval()(x).output, fixed(x).output)
-    same_seed = playground.build("performer", D_MODEL, HEADS, seed=0)
+    same_seed = playground.build("performer", D_MODEL, HEADS, feature_seed=0)
     assert torch.equal(same_seed.projection_matrix, fixed.projection_matrix)
     rows = fixed.projection_matrix[: D_MODEL // HEADS]
     gram = rows @ rows.T  # one block: orthogonal rows

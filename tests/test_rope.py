@@ -48,7 +48,7 @@ def llama_attention(module, x, base, is_causal):
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_equals_llamas_rotary_embedding(impl, base, is_causal):
     torch.manual_seed(0)
-    module = playground.build("rope", D_MODEL, HEADS, base=base, impl=impl).eval()
+    module = playground.build("rope", D_MODEL, HEADS, rope_base=base, impl=impl).eval()
     x = torch.randn(2, 37, D_MODEL)
     expected, weights = llama_attention(module, x, base, is_causal)
     with torch.no_grad():
@@ -88,7 +88,7 @@ def test_scores_depend_on_the_offset_only():
 def test_infinite_base_is_exact_attention():
     """θ = 0 for every pair when base is huge: no rotation, exact attention."""
     torch.manual_seed(0)
-    rope = playground.build("rope", D_MODEL, HEADS, base=1e30)
+    rope = playground.build("rope", D_MODEL, HEADS, rope_base=1e30)
     vanilla = playground.build("vanilla", D_MODEL, HEADS)
     vanilla.load_state_dict(rope.state_dict())
     rope.inv_freq.zero_()
@@ -100,5 +100,5 @@ def test_infinite_base_is_exact_attention():
 def test_odd_head_dimension_is_refused():
     with pytest.raises(playground.ConfigError, match="must be even"):
         playground.build("rope", 12, 4)
-    with pytest.raises(playground.ConfigError, match="base must be"):
-        playground.build("rope", 16, 4, base=1.0)
+    with pytest.raises(playground.ConfigError, match="rope_base must be"):
+        playground.build("rope", 16, 4, rope_base=1.0)
