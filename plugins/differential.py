@@ -19,7 +19,8 @@ distributions, sum to 1 − λ and may be negative. The public reference (micros
 Diff-Transformer/multihead_diffattn.py) is not on PyPI: tests check these equations.
 
 The reference forms both maps; the fast path runs both halves as 2H heads of one fused
-SDPA call and subtracts the two outputs (A₁V − λ A₂V = (A₁ − λA₂)V).
+SDPA call (q and k zero-padded to the value's width, which the fused kernels need) and
+subtracts the two outputs (A₁V − λ A₂V = (A₁ − λA₂)V), in O(n) memory.
 """
 
 from __future__ import annotations
@@ -132,10 +133,12 @@ class DifferentialAttention(AttentionVariant):
         if need_weights:
             return self.forward_reference(query, key, value, attention_mask, is_causal, True)
         q, k, v = self._halves(query, key, value)
-        # Both halves as 2H heads of one call: (B, H, 2, N, d) -> (B, 2H, N, d).
-        q2 = q.movedim(3, 2).flatten(1, 2)
-        k2 = k.movedim(3, 2).flatten(1, 2)
-        v2 = v.repeat_interleave(2, dim=1)  # each half mixes the head's whole value
+        # Both halves as 2H heads of one call: (B, H, 2, N, d) -> (B, 2H, N, d), each half
+        # mixing the head's whole value (2d). Fused kernels need one head width for q, k
+        # and v, so q and k are padded with d zeros: the scores do not change.
+        q2 = F.pad(q.movedim(3, 2).flatten(1, 2), (0, q.shape[-1]))
+        k2 = F.pad(k.movedim(3, 2).flatten(1, 2), (0, k.shape[-1]))
+        v2 = v.repeat_interleave(2, dim=1)
         allowed = allowed_keys(attention_mask, q.shape[2], k.shape[2], is_causal, q.device)
         if allowed is None:
             both = F.scaled_dot_product_attention(q2, k2, v2, is_causal=is_causal, scale=self.scale)
