@@ -141,6 +141,10 @@ class AttentionVariant(nn.Module):
         raise NotImplementedError(f"{type(self).__name__} must define forward_reference")
 
     forward_fast: ClassVar[Any] = None
+    fast_path_weights: ClassVar[bool] = False
+    """True when `forward_fast` itself returns the weights for `need_weights=True`;
+    otherwise such a call runs `forward_reference` (the weights are a dense
+    (B, H, Nq, Nk) tensor anyway, and the reference forms them as the paper does)."""
     """Optional fused/blocked path with forward_reference's signature; without it,
     `impl="fast"` runs the reference."""
 
@@ -170,7 +174,7 @@ class AttentionVariant(nn.Module):
         if attention_mask is not None:
             query, key, value = _clear_non_finite_padding(query, key, value, attention_mask)
         path = self.forward_fast if self.config.impl == "fast" and self.forward_fast else None
-        if path is None:
+        if path is None or (need_weights and not self.fast_path_weights):
             return self.forward_reference(
                 query, key, value, attention_mask, is_causal, need_weights, **extra
             )

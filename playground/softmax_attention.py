@@ -218,8 +218,6 @@ class SoftmaxAttention(AttentionVariant):
     def forward_fast(
         self, query, key, value, attention_mask, is_causal, need_weights
     ) -> AttentionOutput:
-        if need_weights:
-            return self.forward_reference(query, key, value, attention_mask, is_causal, True)
         if query.is_cuda:
             return self._forward_flex(query, key, value, attention_mask, is_causal)
         if self._has_score_mod and self.relative_score_mod and not self._has_mask_mod:

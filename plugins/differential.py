@@ -130,8 +130,6 @@ class DifferentialAttention(AttentionVariant):
     def forward_fast(
         self, query, key, value, attention_mask, is_causal, need_weights
     ) -> AttentionOutput:
-        if need_weights:
-            return self.forward_reference(query, key, value, attention_mask, is_causal, True)
         q, k, v = self._halves(query, key, value)
         # Both halves as 2H heads of one call: (B, H, 2, N, d) -> (B, 2H, N, d), each half
         # mixing the head's whole value (2d). Fused kernels need one head width for q, k

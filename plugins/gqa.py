@@ -103,8 +103,6 @@ class GroupedQueryAttention(AttentionVariant):
     def forward_fast(
         self, query, key, value, attention_mask, is_causal, need_weights
     ) -> AttentionOutput:
-        if need_weights:
-            return self.forward_reference(query, key, value, attention_mask, is_causal, True)
         q, k, v = self._project(query, key, value)
         if attention_mask is None:
             context = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=True)

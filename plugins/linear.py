@@ -104,8 +104,6 @@ class LinearAttention(AttentionVariant):
     def forward_fast(
         self, query, key, value, attention_mask, is_causal, need_weights
     ) -> AttentionOutput:
-        if need_weights:
-            return self.forward_reference(query, key, value, attention_mask, is_causal, True)
         phi_q, phi_k, v = self._feature_maps(query, key, value, attention_mask)
         if is_causal:
             context = self._causal(phi_q, phi_k, v)

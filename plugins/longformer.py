@@ -238,11 +238,6 @@ class LongformerAttention(AttentionVariant):
         need_weights,
         global_attention_mask=None,
     ) -> AttentionOutput:
-        if need_weights:
-            # The weights are a dense (B, H, N, N) tensor anyway; the oracle computes them.
-            return self.forward_reference(
-                query, key, value, attention_mask, is_causal, True, global_attention_mask
-            )
         real, is_global = self._token_roles(query, attention_mask, global_attention_mask)
         positions, used = global_slots(is_global)  # (B, G), (B, G)
         context = self._banded_attention(query, real, is_global, positions, used, is_causal)

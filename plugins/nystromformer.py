@@ -154,8 +154,6 @@ class NystromAttention(AttentionVariant):
     def forward_fast(
         self, query, key, value, attention_mask, is_causal, need_weights
     ) -> AttentionOutput:
-        if need_weights:
-            return self.forward_reference(query, key, value, attention_mask, is_causal, True)
         q, k, v, q_landmarks, k_landmarks = self._landmarks(query, key, value)
         scale = 1 / math.sqrt(self.head_dim)
         landmark_values = F.scaled_dot_product_attention(q_landmarks, k, v)  # B̃ V (·, m, d)

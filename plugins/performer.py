@@ -153,8 +153,6 @@ class PerformerAttention(AttentionVariant):
     def forward_fast(
         self, query, key, value, attention_mask, is_causal, need_weights
     ) -> AttentionOutput:
-        if need_weights:
-            return self.forward_reference(query, key, value, attention_mask, is_causal, True)
         phi_q, phi_k, v = self._feature_maps(query, key, value, attention_mask)
         context = phi_q @ (phi_k.transpose(-2, -1) @ v)  # φ(Q) (φ(K)ᵀ V)
         normaliser = phi_q @ phi_k.sum(dim=2)[..., None]  # φ(Q) φ(K)ᵀ 1 (B, H, Nq, 1)

@@ -96,8 +96,6 @@ class SigmoidAttention(AttentionVariant):
     def forward_fast(
         self, query, key, value, attention_mask, is_causal, need_weights
     ) -> AttentionOutput:
-        if need_weights:
-            return self.forward_reference(query, key, value, attention_mask, is_causal, True)
         q, k, v = project_heads(self, query, key, value)
         n_q, n_k, block = q.shape[2], k.shape[2], self.config.block_size
         recompute = torch.is_grad_enabled() and n_q > block

@@ -37,14 +37,11 @@ it to the fused `F.scaled_dot_product_attention` as a float mask, without materi
   are processed in blocks of `block_size`; a causal block skips the keys after its last
   query, and a padding mask is materialised for one block only, (B, H, block, Nk).
 Peak memory of a forward is therefore O(n · block) (O(n) without padding), never
-O(H · n²). With `need_weights=True` the fast path runs the reference (the weights are dense
-anyway). Training: while the table requires grad, SDPA on CPU takes its math kernel (its
-fused kernel gives no mask gradient), which would keep every block's probabilities for
-backward, O(H · Nq · Nk) in all; with more than one block, each block is recomputed in
-backward instead (activation checkpointing), so training memory stays O(H · block · Nk)
-for about one extra forward pass of time. Measured forward+backward peak at d_model 512,
-8 heads: 227 MiB at n = 2048, 460 MiB at n = 4096 (linear; was 280 MiB at 2048 and
-quadratic before).
+O(H · n²). A `need_weights=True` call runs the reference (the core's rule: the weights are
+dense anyway). Training: the table needs a gradient, which SDPA does not give a mask, so
+each block runs on the core's `hankel_biased_attention` (the CPU flash kernel forward and a
+fused backward that sums the bias gradient along the Hankel view's anti-diagonals);
+nothing of size (block, Nk) outlives its block, so training memory is O(H · block · Nk).
 """
 
 from __future__ import annotations
@@ -240,8 +237,6 @@ class T5RelativeAttention(AttentionVariant):
     def forward_fast(
         self, query, key, value, attention_mask, is_causal, need_weights
     ) -> AttentionOutput:
-        if need_weights:
-            return self.forward_reference(query, key, value, attention_mask, is_causal, True)
         q, k, v = project_heads(self, query, key, value)  # (B, H, N, d_head)
         n_q, n_k = q.shape[2], k.shape[2]
         context = relative_bias_attention(

@@ -9,9 +9,9 @@ with h = 8 heads and d_model = 512 by default, so d_k = d_v = 64.
 `impl="reference"` follows that math line by line. `impl="fast"` calls
 `torch.nn.functional.scaled_dot_product_attention`, which dispatches to fused kernels
 (flash / memory-efficient on CUDA, a flash-style kernel on CPU) that never materialise the
-(n × n) score matrix. SDPA does not return the probabilities, so with `need_weights=True`
-the fast path computes them explicitly, exactly as the reference does, and uses those same
-weights for the output (O(n²) memory for that call only).
+(n × n) score matrix. SDPA does not return the probabilities, so a `need_weights=True`
+call runs the reference (the core does that for every variant whose fast path returns no
+weights; O(n²) memory for that call only).
 """
 
 from __future__ import annotations
@@ -84,8 +84,6 @@ class VanillaAttention(AttentionVariant):
     def forward_fast(
         self, query, key, value, attention_mask, is_causal, need_weights
     ) -> AttentionOutput:
-        if need_weights:
-            return self.forward_reference(query, key, value, attention_mask, is_causal, True)
         q, k, v = project_heads(self, query, key, value)
         dropout = self.config.dropout if self.training else 0.0
         if attention_mask is None:
