@@ -79,6 +79,13 @@ def _batch(data: TaskData, index: torch.Tensor, device: torch.device | str) -> t
     return data.tokens[index].to(device), data.labels[index].to(device), mask
 
 
+def _fused_optimizer(model: torch.nn.Module) -> bool:
+    """Whether torch's fused AdamW takes these parameters (floating, on CPU or CUDA)."""
+    return all(
+        p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in model.parameters()
+    )
+
+
 def train(
     model: TransformerClassifier,
     data: TaskData,
@@ -91,8 +98,12 @@ def train(
 ) -> TrainResult:
     """Run `config.steps` AdamW steps on `data`; batches are shuffled with `seed`."""
     model.train()
+    # Fused AdamW (one kernel for all parameters) and a foreach gradient norm: the
+    # per-parameter loops cost about a fifth of a step at the playground's model sizes.
     optimizer = torch.optim.AdamW(
-        _parameter_groups(model, config.weight_decay), lr=config.learning_rate
+        _parameter_groups(model, config.weight_decay),
+        lr=config.learning_rate,
+        fused=_fused_optimizer(model),
     )
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: learning_rate_factor(step, config.steps, config.warmup_fraction)
@@ -110,7 +121,7 @@ def train(
         loss = loss_of(model(tokens, mask), labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.gradient_clip)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.gradient_clip, foreach=True)
         optimizer.step()
         schedule.step()
         result.losses.append(loss.item())
