@@ -7,8 +7,8 @@ to one and no row-wide reduction couples the keys:
     SigmoidAttn(Q, K, V) = σ(Q Kᵀ / √d + b) V,     b = −log n            (§3, §4.2)
 
 The bias b = −log n keeps the initial row mass near that of softmax (§4.2); n is the
-sequence length the model is trained at, a constant of the layer (`bias_length`), not the
-length of each call: a bias that changed with the number of keys would let a query see
+sequence length the model is trained at, a constant of the layer (`bias_length`, which a
+model built for a task's length takes from it), not the length of each call: a bias that changed with the number of keys would let a query see
 how many future tokens there are. Masked keys get weight 0 (σ is not evaluated there).
 The public kernels (apple/ml-sigmoid-attention's FlashSigmoid) are CUDA-only and not on
 PyPI: the tests check these equations.
@@ -71,6 +71,11 @@ class SigmoidAttention(AttentionVariant):
     def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: object) -> float:
         sigmoids = 2 * n_q * n_k * num_heads  # + b, then σ
         return projection_flops(n_q, n_k, d_model) + attention_flops(n_q * n_k, d_model) + sigmoids
+
+    @classmethod
+    def fit_options(cls, options: dict, seq_len: int) -> dict:
+        """b = −log n for the length a model is built for, unless bias_length is given."""
+        return {"bias_length": seq_len, **options}
 
     def __init__(self, d_model: int = 512, num_heads: int = 8, **options: object) -> None:
         super().__init__(d_model, num_heads, **options)

@@ -70,3 +70,9 @@ def test_a_softmax_is_caught():
     normalised = weights / weights.sum(-1, keepdim=True)
     with torch.no_grad():
         assert (module(x, need_weights=True).weights - normalised).abs().max() > 1e-3
+
+
+def test_a_model_takes_its_bias_from_the_tasks_length():
+    cls = playground.get_variant("sigmoid")
+    assert cls.fit_options({}, 32) == {"bias_length": 32}
+    assert cls.fit_options({"bias_length": 7}, 32) == {"bias_length": 7}

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from matplotlib import colormaps
 from matplotlib.axes import Axes
-from matplotlib.colors import ListedColormap, PowerNorm
+from matplotlib.colors import ListedColormap, Normalize, PowerNorm
 from matplotlib.figure import Figure
 
 from playground.contract import AttentionVariant
@@ -37,6 +37,9 @@ PATTERN_LENGTH = 64
 MASKED = "#f2f2f2"
 MASK_COLOURS = ListedColormap([MASKED, "#303030"])  # masked, seen
 WEIGHT_COLOURS = colormaps["viridis"].with_extremes(bad=MASKED)  # NaN: a masked pair
+SIGNED_COLOURS = colormaps["RdBu_r"].with_extremes(bad=MASKED)
+PANELS_PER_ROW = 7
+"""Variants per row of the patterns figure; more wrap onto further rows."""
 
 
 def _build(
@@ -92,15 +95,25 @@ def attention_pattern_figure(
     generator = torch.Generator().manual_seed(int(run.spec.get("seed", 0)))
     tokens = LOCAL_SCALE * local_tokens((1, n, d_model), generator).double()
 
+    per_row = min(len(points), PANELS_PER_ROW)
+    rows = -(-len(points) // per_row)
     figure = Figure(
-        figsize=(max(2, len(points)) * PANEL_SIZE[0] * 0.62, 2 * PANEL_SIZE[1] * 0.82 + 0.9),
+        figsize=(
+            max(2, per_row) * PANEL_SIZE[0] * 0.62,
+            rows * (2 * PANEL_SIZE[1] * 0.82) + 0.9,
+        ),
         layout="constrained",
     )
-    grid = figure.subplots(2, len(points), squeeze=False)
+    grid = figure.subplots(2 * rows, per_row, squeeze=False)
+    for unused in range(len(points), rows * per_row):
+        row, column = divmod(unused, per_row)
+        for axes in grid[2 * row : 2 * row + 2, column]:
+            axes.set_visible(False)
     figure.suptitle(f"Attention on {n} tokens: weights of head 0 (top) and mask (bottom)")
     notes = []
-    for column, (name, original) in enumerate(points.items()):
-        top, bottom = grid[0, column], grid[1, column]
+    for index, (name, original) in enumerate(points.items()):
+        row, column = divmod(index, per_row)
+        top, bottom = grid[2 * row, column], grid[2 * row + 1, column]
         try:
             fitted = registry.get(name).picture_options(original, n)
             module, options = _build(registry, name, fitted, d_model, num_heads)
@@ -120,11 +133,16 @@ def attention_pattern_figure(
             bottom.set_visible(False)
             continue
         values = weights.numpy()
-        seen = values > 0
+        seen = values != 0  # a masked pair has weight exactly 0; some families go negative
+        if values.min() < 0:  # signed weights (differential attention): diverging, at 0
+            limit = float(np.abs(values).max())
+            colours, norm = SIGNED_COLOURS, Normalize(vmin=-limit, vmax=limit)
+        else:
+            colours, norm = WEIGHT_COLOURS, PowerNorm(0.5, vmin=0, vmax=float(values.max()))
         image = top.imshow(
             np.where(seen, values, np.nan),
-            cmap=WEIGHT_COLOURS,
-            norm=PowerNorm(0.5, vmin=0, vmax=float(values.max())),
+            cmap=colours,
+            norm=norm,
             aspect="auto",
             interpolation="nearest",
         )
