@@ -98,3 +98,10 @@ def test_headwise_gates_one_number_per_head():
     assert module.gate_proj.weight.shape == (HEADS, D_MODEL)
     with pytest.raises(playground.ConfigError, match="must be one of"):
         playground.build("gated", D_MODEL, HEADS, gating="channel")
+
+
+def test_the_contract_holds_with_elementwise_gates():
+    from playground.testing import check_attention
+
+    report = check_attention("gated", options={"gating": "elementwise"})
+    assert report.ok, report.failures

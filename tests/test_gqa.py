@@ -81,3 +81,10 @@ def test_groups_that_do_not_divide_the_heads_are_refused():
         playground.build("gqa", 48, 6, num_kv_heads=4)
     with pytest.raises(playground.ConfigError, match="num_kv_heads"):
         playground.build("gqa", 48, 6, num_kv_heads=0)
+
+
+def test_the_contract_holds_for_multi_query_attention():
+    from playground.testing import check_attention
+
+    report = check_attention("gqa", options={"num_kv_heads": 1})
+    assert report.ok, report.failures

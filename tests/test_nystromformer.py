@@ -106,3 +106,12 @@ def test_segments_need_not_divide_the_length():
 def test_an_even_convolution_is_refused():
     with pytest.raises(playground.ConfigError, match="odd"):
         playground.build("nystromformer", D_MODEL, HEADS, conv_kernel_size=4)
+
+
+def test_the_contract_holds_with_the_convolution():
+    """The skip mixes values by position, so the instance declares no cross-attention."""
+    from playground.testing import check_attention
+
+    report = check_attention("nystromformer", options={"conv_kernel_size": 3})
+    assert report.ok, report.failures
+    assert report.status_of("check_cross_attention") == "skipped"
