@@ -22,8 +22,10 @@ call's padding mask and `is_causal` (AND-ed with `mask_mod`), queries that see n
   an additive `score_mod` (`additive_score_mod = True`: score + f(b, h, q, kv)) is turned
   into a bias for fused SDPA; any other is applied to explicit block scores. In training
   each block is recomputed in backward (activation checkpointing), so memory stays
-  O(n · block) and parameters used in `score_mod` get their gradients. FlexAttention has
-  no CPU backward, which is why this path exists.
+  O(n · block) and parameters used in `score_mod` get their gradients; a `mask_mod` alone
+  is not recomputed when all blocks' masks together take no more than q, k and v (a
+  window's do; a dense causal mask's do not). FlexAttention has no CPU backward, which is
+  why this path exists.
 - CUDA: `flex_attention` with `create_block_mask`, compiled, with the same methods.
 
 `need_weights=True` runs the reference (the weights are dense anyway).
@@ -386,6 +388,22 @@ class SoftmaxAttention(AttentionVariant):
             return context, torch.zeros(batch, block, dtype=torch.bool, device=q.device)
         return context, ~sees.any(dim=1)  # (B, H, blk, d), (B, blk)
 
+    def _mask_bytes(self, spans, batch, heads, attention_mask, device) -> int:
+        """Bytes that every block's mask, kept for backward as SDPA keeps it (float, one
+        per batch element and head it differs by), would take together."""
+        b, h, q_idx, kv_idx = index_grid(
+            batch,
+            heads,
+            torch.zeros(1, dtype=torch.long, device=device),
+            torch.zeros(1, dtype=torch.long, device=device),
+        )
+        probe = self.mask_mod(b, h, q_idx, kv_idx) if self._has_mask_mod else q_idx >= 0
+        copies = (batch if attention_mask is not None else probe.shape[0]) * probe.shape[1]
+        entries = sum(
+            (stop - start) * (key_stop - key_start) for start, stop, key_start, key_stop in spans
+        )
+        return 4 * copies * entries
+
     def _forward_blocked(self, query, key, value, attention_mask, is_causal) -> AttentionOutput:
         q, k, v = self.project(query, key, value)  # (B, H, N, d)
         if not (self._has_score_mod or self._has_mask_mod) and attention_mask is None:
@@ -394,8 +412,15 @@ class SoftmaxAttention(AttentionVariant):
             return AttentionOutput(self._output(context, query, None), None)
         batch, heads, n_q, n_k = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
         spans = self._key_spans(batch, heads, n_q, n_k, is_causal, q.device)
-        # Training: recompute each block in backward, so only one block's scores live.
+        # Training: recompute each block in backward, so only one block's scores live;
+        # unless the blocks keep only a mask for backward (no score_mod), and all of
+        # their masks together are no larger than q, k and v (a window, not a dense
+        # causal mask): then keeping them costs less than running each block twice.
         recompute = torch.is_grad_enabled() and len(spans) > 1
+        if recompute and not self._has_score_mod:
+            recompute = self._mask_bytes(spans, batch, heads, attention_mask, q.device) > (
+                3 * q.numel() * q.element_size()
+            )
         scratch = None
         if not torch.is_grad_enabled() and (self._additive or not self._has_score_mod):
             # Inference: every block's mask in one buffer, whose pages are then touched
