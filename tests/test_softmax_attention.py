@@ -76,3 +76,27 @@ def test_the_fast_path_uses_the_fused_backward(monkeypatch):
     attention = KeyTableAttention(d_model=16, num_heads=2, block_size=4).train()
     attention(torch.randn(2, 9, 16)).output.sum().backward()
     assert calls and attention.table.grad is not None
+
+
+def test_a_dense_mask_is_recomputed_and_a_window_is_kept():
+    """Training keeps every block's mask only when all of them together are no larger
+    than q, k and v: a window's are, a dense causal mask_mod's are not (its memory would
+    be quadratic)."""
+    from playground.measure import peak_memory_bytes
+    from playground.runner import workload
+
+    class DenseCausal(playground.SoftmaxAttention):
+        name, summary, paper = "dense_causal", "causal by mask_mod", "test"
+
+        def mask_mod(self, b, h, q_idx, kv_idx):
+            return q_idx >= kv_idx
+
+    def peak(n: int) -> int:
+        module = DenseCausal(d_model=64, num_heads=8, block_size=64)
+        return peak_memory_bytes(workload(module, torch.randn(1, n, 64), "forward_backward"))
+
+    assert peak(2048) < 2.3 * peak(1024)  # linear (1.9); keeping every mask gave 2.8
+    window = playground.build("sliding_window", 64, 8, window=64, block_size=64)
+    spans = window._key_spans(1, 8, 1024, 1024, False, torch.device("cpu"))
+    kept = window._mask_bytes(spans, 1, 8, None, torch.device("cpu"))
+    assert kept <= 3 * 1024 * 64 * 4  # no larger than q, k and v: kept, not recomputed
