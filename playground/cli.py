@@ -91,8 +91,11 @@ def command_info(registry: Registry, arguments: argparse.Namespace) -> int:
     )
     flops = cls.flops(4096, 4096, 512, 8, **dataclasses.asdict(cls.Config()))
     console.print(f"flops at n=4096, d_model=512, 8 heads: {flops / 1e9:.1f} GFLOP per sequence")
-    cached = cls(d_model=512, num_heads=8).kv_cache_per_token()
-    kept = "a fixed-size state" if cached is None else f"{cached} numbers per token and layer"
+    try:
+        cached = registry.build(cls.name, 512, 8).kv_cache_per_token()
+        kept = "a fixed-size state" if cached is None else f"{cached} numbers per token and layer"
+    except Exception as error:  # a variant that cannot be built so must not hide the rest
+        kept = f"not known (building it at d_model=512, 8 heads failed: {error})"
     console.print(f"decoder cache at d_model=512, 8 heads: {kept}")
     table = Table(title=f"options of {cls.name} (playground.build({cls.name!r}, **options))")
     for column in ("option", "type", "default", "meaning"):

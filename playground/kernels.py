@@ -481,8 +481,8 @@ def relative_bias_attention(
     view of it, never materialised as an (Nq, Nk) matrix. SDPA's fused kernel then reads it
     as an additive mask; in inference without padding all queries go in one call.
     In training, when the bias needs a gradient (a learned bias), each block runs on
-    `biased_attention`, which keeps O(block) per block and forms the bias gradient
-    in its own backward; SDPA would fall back to its unfused kernel and keep every
+    `hankel_biased_attention`, which keeps O(block) per block and sums the bias gradient
+    along the anti-diagonals in its own backward; SDPA would fall back to its unfused kernel and keep every
     block's probabilities. Under dropout, SDPA's unfused kernel runs and each block is
     recomputed in backward (activation checkpointing), so memory stays at one block's worth.
     """

@@ -28,6 +28,7 @@ over the landmark keys), O(n · m) time and memory either way.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -122,12 +123,7 @@ class NystromAttention(AttentionVariant):
                 bias=False,
             )
             # The skip mixes values by position: the queries' and keys' must be the same.
-            self.capabilities = Capabilities(
-                need_weights=True,
-                weights_sum_to_one=False,
-                weights_nonnegative=False,
-                dtypes=self.capabilities.dtypes,
-            )
+            self.capabilities = dataclasses.replace(self.capabilities, cross_attention=False)
 
     def _landmarks(self, query, key, value):
         q, k, v = project_heads(self, query, key, value)

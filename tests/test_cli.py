@@ -49,6 +49,19 @@ def test_info_shows_paper_options_and_capabilities(capsys):
         assert text in out
 
 
+@pytest.mark.parametrize(
+    ("name", "cache"),
+    [
+        ("vanilla", "1024 numbers per token"),
+        ("gqa", "256 numbers per token"),
+        ("linear", "a fixed-size state"),
+    ],
+)
+def test_info_shows_the_decoder_cache(capsys, name, cache):
+    code, out, _ = run(capsys, "info", name)
+    assert code == 0 and cache in " ".join(out.split())
+
+
 def test_info_of_unknown_variant_suggests_and_exits_2(capsys):
     code, _, err = run(capsys, "info", "vanila")
     assert code == 2 and "did you mean 'vanilla'" in err
