@@ -301,9 +301,10 @@ class BackwardScratch:
 
     def __init__(self) -> None:
         self._memory: dict[str, torch.Tensor] = {}
-        self._shapes: dict[str, tuple[int, ...]] = {}
+        self._zeroed: tuple | None = None  # (layout, address) of the zeroed Hankel buffer
 
-    def _take(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    def matrix(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        """A buffer of `shape` (contents undefined) in like's dtype and device."""
         size = math.prod(shape)
         memory = self._memory.get(name)
         if (
@@ -312,27 +313,23 @@ class BackwardScratch:
             or memory.dtype != like.dtype
             or memory.device != like.device
         ):
-            memory = self._memory[name] = like.new_zeros(size)
-            self._shapes[name] = shape
+            memory = self._memory[name] = like.new_empty(size)
         return memory[:size].view(shape)
-
-    def matrix(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-        """A buffer of `shape` (contents undefined) in like's dtype and device."""
-        return self._take(name, shape, like)
 
     def hankel(
         self, shape: tuple[int, int, int, int], like: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(skew (B, H, Nq, Nq + Nk − 1), view (B, H, Nq, Nk)) with view[b, h, i, j] =
         skew[b, h, i, i + j] and skew zero elsewhere: what is written to the view, summed
-        over queries (skew.sum(2)), is summed along each anti-diagonal i + j = t."""
+        over queries (skew.sum(2)), is summed along each anti-diagonal i + j = t. Only
+        the view is ever written, so the rest stays zero while the layout stays."""
         batch, heads, n_q, n_k = shape
         width = n_q + n_k - 1
         layout = (batch, heads, n_q, width)
-        skew = self._take("hankel", layout, like)
-        if self._shapes.get("hankel") != layout:  # what lies outside the view is stale
+        skew = self.matrix("hankel", layout, like)
+        if self._zeroed != (layout, skew.data_ptr()):
             skew.zero_()
-            self._shapes["hankel"] = layout
+            self._zeroed = (layout, skew.data_ptr())
         view = skew.as_strided(shape, (heads * n_q * width, n_q * width, width + 1, 1))
         return skew, view
 
