@@ -61,15 +61,19 @@ class RopeAttention(playground.SoftmaxAttention):
                 f"rope rotates pairs of dimensions, so the head dimension d_model / "
                 f"num_heads = {self.head_dim} must be even"
             )
-        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim
-        self.register_buffer("inv_freq", 1.0 / self.config.rope_base**exponents, persistent=False)
+
+    def frequencies(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """θ_i = base^(−2(i − 1)/d), (d/2,), from the option rather than a buffer: a
+        module cast to bfloat16 must not round θ before the angles are formed."""
+        exponents = torch.arange(0, self.head_dim, 2, dtype=dtype, device=device) / self.head_dim
+        return 1.0 / self.config.rope_base**exponents
 
     def rotary_cos_sin(self, n: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos(m θ) and sin(m θ), (N, d) in like's dtype, for positions m = 0 … N − 1;
         computed in float32 (float64 for float64), as Llama does."""
         dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
         position = torch.arange(n, device=like.device, dtype=dtype)
-        angles = position[:, None] * self.inv_freq.to(dtype)  # (N, d/2)
+        angles = position[:, None] * self.frequencies(dtype, like.device)  # (N, d/2)
         angles = torch.cat([angles, angles], dim=-1)  # (N, d): θ over both halves
         return angles.cos().to(like.dtype), angles.sin().to(like.dtype)
 

@@ -65,7 +65,8 @@ def test_a_mirrored_rotation_is_caught():
     module = playground.build("rope", D_MODEL, HEADS).eval()
     x = torch.randn(1, 12, D_MODEL)
     expected, _ = llama_attention(module, x, 10000.0, False)
-    module.inv_freq.neg_()
+    frequencies = module.frequencies
+    module.frequencies = lambda dtype, device: -frequencies(dtype, device)
     with torch.no_grad():
         assert (module(x).output - expected).abs().max() > 1e-3
 
@@ -91,10 +92,20 @@ def test_infinite_base_is_exact_attention():
     rope = playground.build("rope", D_MODEL, HEADS, rope_base=1e30)
     vanilla = playground.build("vanilla", D_MODEL, HEADS)
     vanilla.load_state_dict(rope.state_dict())
-    rope.inv_freq.zero_()
+    frequencies = rope.frequencies
+    rope.frequencies = lambda dtype, device: frequencies(dtype, device) * 0  # θ_1 = 1 too
     x = torch.randn(2, 20, D_MODEL)
     for case in ({}, {"is_causal": True}):
         assert (rope(x, **case).output - vanilla(x, **case).output).abs().max() < 1e-5
+
+
+def test_bfloat16_rotates_by_float32_angles():
+    """A module cast to bfloat16 forms its angles from float32 frequencies (as Llama
+    does): cos(m θ) off by no more than bfloat16's own rounding, at any position."""
+    module = playground.build("rope", D_MODEL, HEADS)
+    exact, _ = module.rotary_cos_sin(4096, torch.zeros(1))
+    low, _ = module.to(torch.bfloat16).rotary_cos_sin(4096, torch.zeros(1, dtype=torch.bfloat16))
+    assert (low.float() - exact).abs().max() < 1e-2
 
 
 def test_odd_head_dimension_is_refused():
