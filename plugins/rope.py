@@ -18,6 +18,7 @@ usual, so every path of `SoftmaxAttention` serves: the fast one, with no mods, i
 SDPA call.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -32,8 +33,8 @@ class RopeConfig(playground.SoftmaxConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.rope_base > 1:
-            raise ValueError(f"rope_base must be a number above 1; got {self.rope_base}")
+        if not 1 < self.rope_base < math.inf:
+            raise ValueError(f"rope_base must be a finite number above 1; got {self.rope_base}")
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

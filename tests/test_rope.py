@@ -113,3 +113,5 @@ def test_odd_head_dimension_is_refused():
         playground.build("rope", 12, 4)
     with pytest.raises(playground.ConfigError, match="rope_base must be"):
         playground.build("rope", 16, 4, rope_base=1.0)
+    with pytest.raises(playground.ConfigError, match="finite"):
+        playground.build("rope", 16, 4, rope_base=float("inf"))
