@@ -1,10 +1,12 @@
 """Accuracy of a variant on a task: a tiny Transformer trained per seed, scored on the
 held-out split, summarised as mean ± standard deviation over seeds.
 
-`measure_accuracy` returns the fields of one result row; the runner adds the variant,
-status and timing around it. A variant that cannot do what the task needs (causal
-attention, padding masks, the task's length) raises UnsupportedFeature before any training,
-so the runner records `unsupported`.
+An `AccuracyJob` names the work in plain values; `prepare` makes it concrete (and raises
+UnsupportedFeature before any training when the variant cannot do what the task needs:
+causal attention, padding masks, the task's length, so the runner records `unsupported`);
+`train_seed` trains and scores one seed; `row_fields` turns the seeds' results into the
+row's fields. `measure_accuracy` does the three in one process, seed after seed; the
+packed lane (playground.executors) runs `train_seed` on worker processes instead.
 """
 
 from __future__ import annotations
@@ -37,63 +39,88 @@ def check_task_support(registry: Registry, variant: str, task: Task) -> None:
         )
 
 
-def measure_accuracy(
-    registry: Registry,
-    variant_name: str,
-    variant_options: dict[str, Any],
-    task_name: str,
-    task_options: dict[str, Any],
-    *,
-    seeds: Sequence[int] = DEFAULT_SEEDS,
-    steps: int | None = None,
-    d_model: int = 64,
-    num_heads: int = 4,
-    num_layers: int = 2,
-    device: str = "cpu",
-    dtype: torch.dtype = torch.float32,
-    progress: Progress | bool | None = None,
-) -> dict[str, Any]:
-    """Train and score `variant_name` on `task_name` once per seed; return the row fields.
+@dataclasses.dataclass(frozen=True)
+class AccuracyJob:
+    """Everything that trains one variant on one task, as plain values: a worker process
+    rebuilds the task, the model and the schedule from it (`prepare`)."""
 
-    Each seed draws its own data (train/test disjoint), initialisation and batch order.
-    `steps` defaults to the task's `default_steps`. `progress`: a rich Progress to add a bar
-    to (the runner's own), True for a private one, None/False for none.
-    Raises UnsupportedFeature (record as `unsupported`) and ConfigError (bad options).
-    """
-    task: Task = registry.get_task(task_name)(**task_options)
-    check_task_support(registry, variant_name, task)
-    if not seeds:
-        raise ConfigError("seeds is empty; give at least one seed (three for a mean ± std)")
-    config = ModelConfig(
+    variant: str
+    variant_options: dict[str, Any]
+    task: str
+    task_options: dict[str, Any]
+    steps: int | None = None
+    """None: the task's `default_steps`."""
+    d_model: int = 64
+    num_heads: int = 4
+    num_layers: int = 2
+    learning_rate: float | None = None
+    """None: the task's `default_learning_rate`."""
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A job made concrete: the task, the model's config and the training schedule."""
+
+    job: AccuracyJob
+    task: Task
+    model: ModelConfig
+    training: TrainConfig
+
+
+def prepare(registry: Registry, job: AccuracyJob) -> Prepared:
+    """Build what `job` names; raises UnsupportedFeature (record as `unsupported`) when the
+    variant cannot do what the task needs, ConfigError for bad options."""
+    task: Task = registry.get_task(job.task)(**job.task_options)
+    check_task_support(registry, job.variant, task)
+    model = ModelConfig(
         vocab_size=task.vocab_size,
         num_classes=task.num_classes,
         max_seq_len=task.seq_len,
-        variant=variant_name,
-        variant_options=dict(variant_options),
-        d_model=d_model,
-        num_heads=num_heads,
-        num_layers=num_layers,
+        variant=job.variant,
+        variant_options=dict(job.variant_options),
+        d_model=job.d_model,
+        num_heads=job.num_heads,
+        num_layers=job.num_layers,
         target=task.target,
         causal=task.needs_causal,
     )
     training = TrainConfig(
-        steps=task.default_steps if steps is None else steps,
+        steps=task.default_steps if job.steps is None else job.steps,
         batch_size=task.default_batch_size,
-        learning_rate=task.default_learning_rate,
+        learning_rate=job.learning_rate or task.default_learning_rate,
     )
+    return Prepared(job, task, model, training)
+
+
+def measure_accuracy(
+    registry: Registry,
+    job: AccuracyJob,
+    *,
+    seeds: Sequence[int] = DEFAULT_SEEDS,
+    progress: Progress | bool | None = None,
+) -> dict[str, Any]:
+    """Train and score `job` once per seed, one seed after another; return the row fields.
+
+    Each seed draws its own data (train/test disjoint), initialisation and batch order.
+    `progress`: a rich Progress to add a bar to (the runner's own), True for a private one,
+    None/False for none. Raises UnsupportedFeature (record as `unsupported`) and ConfigError
+    (bad options).
+    """
+    prepared = prepare(registry, job)
+    if not seeds:
+        raise ConfigError("seeds is empty; give at least one seed (three for a mean ± std)")
     own_progress = Progress(transient=True) if progress is True else None
     bars = own_progress or (progress if isinstance(progress, Progress) else None)
     if own_progress is not None:
         own_progress.start()
     try:
-        results = [
-            _train_seed(task, config, training, registry, seed, device, dtype, bars)
-            for seed in seeds
-        ]
+        results = [train_seed(registry, prepared, seed, bars) for seed in seeds]
     finally:
         if own_progress is not None:
             own_progress.stop()
-    return _row_fields(task, training, seeds, results)
+    return row_fields(prepared, seeds, results)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,31 +134,25 @@ class SeedResult:
     model: dict[str, Any]
 
 
-def _train_seed(
-    task: Task,
-    config: ModelConfig,
-    training: TrainConfig,
-    registry: Registry,
-    seed: int,
-    device: str,
-    dtype: torch.dtype,
-    progress: Progress | None,
+def train_seed(
+    registry: Registry, prepared: Prepared, seed: int, progress: Progress | None = None
 ) -> SeedResult:
     """Draw the seed's data, initialise and train its model, score it on the test split."""
-    train_data, test_data = task.split(seed)
+    job, config = prepared.job, prepared.model
+    train_data, test_data = prepared.task.split(seed)
     torch.manual_seed(seed)
-    model = TransformerClassifier(config, registry).to(device, dtype)
+    model = TransformerClassifier(config, registry).to(job.device, job.dtype)
     result = train(
         model,
         train_data,
-        training,
+        prepared.training,
         seed=seed,
-        device=device,
+        device=job.device,
         progress=progress,
-        description=f"{config.variant} on {task.label}, seed {seed}",
+        description=f"{config.variant} on {prepared.task.label}, seed {seed}",
     )
     return SeedResult(
-        accuracy=evaluate(model, test_data, device=device),
+        accuracy=evaluate(model, test_data, device=job.device),
         train_time_s=result.train_time_s,
         majority=majority_rate(test_data),
         final_train_loss=statistics.fmean(result.losses[-20:]),
@@ -139,10 +160,11 @@ def _train_seed(
     )
 
 
-def _row_fields(
-    task: Task, training: TrainConfig, seeds: Sequence[int], results: Sequence[SeedResult]
+def row_fields(
+    prepared: Prepared, seeds: Sequence[int], results: Sequence[SeedResult]
 ) -> dict[str, Any]:
     """The result row's accuracy fields: mean ± std over seeds, and what they came from."""
+    task, training = prepared.task, prepared.training
     accuracies = [result.accuracy for result in results]
     return {
         "task": task.name,

@@ -234,6 +234,7 @@ def _overrides(arguments: argparse.Namespace) -> dict:
         "device": arguments.device,
         "dtype": getattr(arguments, "dtype", None),
         "threads": arguments.threads,
+        "accuracy_workers": getattr(arguments, "accuracy_workers", None),
         "seq_lens": seq_lens,
         "variants": variants.split(",") if variants else None,
         # absolute, so a resume from another working directory finds the same plugins
@@ -271,7 +272,11 @@ def command_run(registry: Registry, arguments: argparse.Namespace) -> int:
         if recorded:  # the plugin directories the run started with, then any given now
             given = getattr(arguments, "plugins_dir", None) or []
             registry = registry_module.configure([*recorded, *given])
-        spec = apply_overrides(load_spec(store.path(SPEC), registry), registry, overrides)
+        # where the seeds train is not a measurement setting: a resume may choose anew
+        lane = {"accuracy_workers": arguments.accuracy_workers}
+        spec = apply_overrides(
+            load_spec(store.path(SPEC), registry), registry, {**overrides, **lane}
+        )
     else:
         if not arguments.spec:
             raise PlaygroundError(
@@ -442,6 +447,13 @@ def build_parser() -> argparse.ArgumentParser:
             type=_positive_int,
             metavar="N",
             help="torch threads to measure with (default: the spec's, else torch's own)",
+        )
+        sub.add_argument(
+            "--accuracy-workers",
+            type=_positive_int,
+            metavar="N",
+            help="one-thread processes that train accuracy seeds side by side (default: "
+            "the spec's, else one per core on a CPU; 1 trains them in this process)",
         )
         sub.add_argument(
             "--out", default="results", metavar="DIR", help="results root (default: results)"

@@ -9,6 +9,7 @@ from the built-in exception a Python user would expect (`ValueError` for bad val
     ├── UnknownVariant       no variant has this name (the message suggests close ones)
     ├── ConfigError          an option is unknown, has the wrong type or an invalid value
     ├── InvalidInput         a tensor has the wrong rank, width, length, shape or dtype
+    ├── InvalidOutput        a measured call returned what the contract forbids
     └── PluginLoadError      a plugin failed to import or registered something invalid
         └── DuplicateVariant two sources registered the same name
 """
@@ -17,6 +18,9 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from typing import Literal
+
+import torch
 
 
 class PlaygroundError(Exception):
@@ -81,3 +85,30 @@ class DuplicateVariant(PluginLoadError):
             f"{kind} name {name!r} is already registered by {first_source}; "
             f"rename one of them (the `name` class attribute)",
         )
+
+
+class InvalidOutput(PlaygroundError):
+    """A measured call returned something the attention contract forbids."""
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether `error` is an allocator's refusal (CUDA or host)."""
+    if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    message = str(error).lower()
+    return isinstance(error, RuntimeError) and (
+        "out of memory" in message or "can't allocate memory" in message
+    )
+
+
+def failure_fields(
+    error: BaseException,
+) -> dict[Literal["status", "error"], str]:
+    """The status and error of a result row whose cell raised `error` (docs/design.md,
+    Results): `unsupported`, `invalid`, `oom` or `error`, with the message."""
+    if isinstance(error, UnsupportedFeature):
+        return {"status": "unsupported", "error": str(error)}
+    if isinstance(error, InvalidOutput):
+        return {"status": "invalid", "error": str(error)}
+    status = "oom" if is_out_of_memory(error) else "error"
+    return {"status": status, "error": f"{type(error).__name__}: {error}"}

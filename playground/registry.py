@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
 import pluggy
 
@@ -135,6 +135,16 @@ def _why_flops_fail(obj: type[AttentionVariant]) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class LoadStep:
+    """One step of loading a registry: the shipped tasks, the entry points, a plugin
+    directory or a plugin file (an absolute path, so another process finds it)."""
+
+    source: Literal["builtin_tasks", "entry_points", "directory", "file"]
+    path: str = ""
+    kind: str = ""
+
+
 class Registry:
     """Variants by name, with where each came from and what failed to load."""
 
@@ -146,6 +156,24 @@ class Registry:
         self.plugins: list[PluginInfo] = []
         self.duplicates: dict[str, DuplicateVariant] = {}
         self._seen_files: set[Path] = set()
+        self.recipe: list[LoadStep] = []
+        """How this registry was loaded, step by step: `Registry.from_recipe` repeats it in
+        another process (a training worker), so the same plugins load there."""
+
+    @classmethod
+    def from_recipe(cls, recipe: Sequence[LoadStep]) -> Registry:
+        """A registry loaded by the same steps as the one `recipe` came from."""
+        registry = cls()
+        for step in recipe:
+            if step.source == "builtin_tasks":
+                registry.load_builtin_tasks()
+            elif step.source == "entry_points":
+                registry.load_entry_points()
+            elif step.source == "directory":
+                registry.load_directory(step.path, step.kind)
+            else:
+                registry.load_file(step.path, step.kind)
+        return registry
 
     @classmethod
     def discover(
@@ -173,6 +201,7 @@ class Registry:
     # --- loading ------------------------------------------------------------------
     def load_directory(self, directory: str | os.PathLike[str], kind: str) -> None:
         path = Path(directory)
+        self.recipe.append(LoadStep("directory", str(path.resolve()), kind))
         if not path.is_dir():
             info = PluginInfo(source=str(path), kind=kind)
             info.errors.append(
@@ -182,9 +211,13 @@ class Registry:
             return
         for file in sorted(path.glob("*.py")):
             if not file.name.startswith("_"):
-                self.load_file(file, kind)
+                self._load_file(file, kind)
 
     def load_file(self, file: str | os.PathLike[str], kind: str) -> None:
+        self.recipe.append(LoadStep("file", str(Path(file).resolve()), kind))
+        self._load_file(file, kind)
+
+    def _load_file(self, file: str | os.PathLike[str], kind: str) -> None:
         path = Path(file).resolve()
         if path in self._seen_files:  # the same folder named twice
             return
@@ -208,6 +241,7 @@ class Registry:
         self._register_module(module, info)
 
     def load_entry_points(self) -> None:
+        self.recipe.append(LoadStep("entry_points"))
         for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
             info = PluginInfo(
                 source=f"entry point {entry_point.name} = {entry_point.value}", kind="entry point"
@@ -292,6 +326,7 @@ class Registry:
 
     def load_builtin_tasks(self) -> None:
         """The tasks shipped in playground/tasks/, registered through the same hook."""
+        self.recipe.append(LoadStep("builtin_tasks"))
         package = importlib.import_module("playground.tasks")
         for module_info in pkgutil.iter_modules(package.__path__):
             if module_info.name.startswith("_"):

@@ -17,15 +17,17 @@ import gc
 import platform
 import time
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from playground.accuracy import measure_accuracy
+from playground.accuracy import AccuracyJob, Prepared, measure_accuracy, prepare, row_fields
 from playground.contract import AttentionOutput, AttentionVariant
-from playground.errors import PlaygroundError, UnsupportedFeature
+from playground.errors import InvalidOutput, PlaygroundError, failure_fields
+from playground.executors import SeedOutcome, SeedPool, SeedTask, usable_cpus
 from playground.fidelity import measure_fidelity
 from playground.measure import (
     gemm_flops_per_second,
@@ -63,10 +65,6 @@ class Cell:
         return f"{self.variant.label}|n={self.seq_len}|{self.pass_name}"
 
 
-class InvalidOutput(PlaygroundError):
-    """A measured call returned something the attention contract forbids."""
-
-
 def plan(spec: Spec) -> list[Cell]:
     """The cells of a spec, variant by variant: costs short sequences first, then tasks.
     Every cell id is unique (load_spec and apply_overrides refuse repeats)."""
@@ -94,17 +92,6 @@ def check_device(device: str) -> None:
             "device 'cuda' was asked for but torch.cuda.is_available() is False (no GPU, or "
             "a CPU-only torch build); run with --device cpu"
         )
-
-
-def _is_out_of_memory(error: BaseException) -> bool:
-    if isinstance(error, torch.OutOfMemoryError):
-        return True
-    message = str(error).lower()
-    return isinstance(error, (RuntimeError, MemoryError)) and (
-        "out of memory" in message
-        or "can't allocate memory" in message
-        or isinstance(error, MemoryError)
-    )
 
 
 def output_problem(result: object, shape: tuple[int, ...], dtype: torch.dtype) -> str | None:
@@ -222,8 +209,18 @@ class Runner:
         done = {row["cell"] for row in self.store.rows()}
         return [cell for cell in plan(self.spec) if cell.id not in done]
 
+    def accuracy_workers(self, seeds: int) -> int:
+        """Processes the packed lane trains `seeds` pending seeds on: the spec's
+        `accuracy_workers`, else one per usable core on a CPU run (one on CUDA), never more
+        than there are seeds. 1 trains them here, on the run's threads."""
+        wanted = self.spec.accuracy_workers
+        if wanted is None:
+            wanted = usable_cpus() if self.spec.device == "cpu" else 1
+        return max(1, min(wanted, seeds))
+
     def run(self) -> tuple[int, bool]:
-        """Measure every pending cell; returns (cells run, finished without interrupt)."""
+        """Measure every pending cell; returns (cells run, finished without interrupt).
+        The cost cells go first, one at a time; then the accuracy cells' seeds, packed."""
         cells = self.pending()
         columns = (
             TextColumn("{task.description}"),
@@ -232,23 +229,37 @@ class Runner:
             TimeRemainingColumn(elapsed_when_finished=True),
         )
         finished = 0
+
+        def record(row: dict[str, Any]) -> None:
+            nonlocal finished
+            self.store.append(row)
+            finished += 1
+            progress.advance(bar)
+
         with (
             using_threads(self.threads),
             Progress(*columns, console=self.console, transient=False) as progress,
         ):
             self.progress = progress  # accuracy cells add their training bars to it
-            task = progress.add_task("cells", total=len(cells))
+            bar = progress.add_task("cells", total=len(cells))
+            trained = [cell for cell in cells if cell.task is not None]
+            workers = self.accuracy_workers(sum(len(cell.task.seeds) for cell in trained))
             try:
                 for cell in cells:
-                    progress.update(task, description=cell.id)
-                    self.store.append(self.measure(cell))
-                    finished += 1
-                    progress.advance(task)
+                    if cell.task is None or workers == 1:
+                        progress.update(bar, description=cell.id)
+                        record(self.measure(cell))
+                if workers > 1:
+                    progress.update(bar, description=f"training seeds on {workers} workers")
+                    self._train_packed(trained, workers, record)
             except KeyboardInterrupt:
                 return finished, False
+            finally:
+                gc.unfreeze()  # what the run froze may be collected again from now on
         return finished, True
 
-    def measure(self, cell: Cell) -> dict[str, Any]:
+    def _row(self, cell: Cell) -> dict[str, Any]:
+        """The fields every row of `cell` starts with: what it is and where it runs."""
         spec = self.spec
         row: dict[str, Any] = {
             "cell": cell.id,
@@ -280,43 +291,116 @@ class Runner:
                 num_heads=cell.task.num_heads,
                 num_layers=cell.task.num_layers,
             )
+        return row
+
+    def measure(self, cell: Cell) -> dict[str, Any]:
+        """Measure `cell` here, on the run's threads; a raise is recorded, not propagated
+        (Ctrl-C excepted)."""
+        row = self._row(cell)
+        row["started_at"] = time.time()
         started = time.perf_counter()
         try:
-            row.update(self._measure(cell) if cell.task is None else self._train(cell))
-        except UnsupportedFeature as error:
-            row.update(status="unsupported", error=str(error))
-        except InvalidOutput as error:
-            row.update(status="invalid", error=str(error))
+            if cell.task is None:
+                row.update(self._measure(cell))
+            else:
+                row.update(
+                    measure_accuracy(
+                        self.registry,
+                        self._job(cell),
+                        seeds=cell.task.seeds,
+                        progress=self.progress,
+                    )
+                )
         except KeyboardInterrupt:
             raise
         except BaseException as error:  # one cell's failure must not end the sweep
-            status = "oom" if _is_out_of_memory(error) else "error"
-            row.update(status=status, error=f"{type(error).__name__}: {error}")
+            row.update(failure_fields(error))
         finally:
+            # Free what the cell left in reference cycles, then freeze what survives (the
+            # run's own modules, registry and caches): the next cell's collect then walks
+            # only what that cell made, not the whole heap (a quarter second per cell).
             gc.collect()
-            if spec.device == "cuda":
+            gc.freeze()
+            if self.spec.device == "cuda":
                 torch.cuda.empty_cache()
         row["wall_s"] = time.perf_counter() - started
+        row["finished_at"] = time.time()
         return row
 
-    def _train(self, cell: Cell) -> dict[str, Any]:
+    def _job(self, cell: Cell) -> AccuracyJob:
         task = cell.task
         assert task is not None
-        return measure_accuracy(
-            self.registry,
+        return AccuracyJob(
             cell.variant.name,
             cell.variant.options,
             task.name,
             task.options,
-            seeds=task.seeds,
             steps=task.steps,
             d_model=task.d_model,
             num_heads=task.num_heads,
             num_layers=task.num_layers,
+            learning_rate=task.learning_rate,
             device=self.spec.device,
             dtype=self.spec.torch_dtype,
-            progress=self.progress,
         )
+
+    def _train_packed(
+        self, cells: list[Cell], workers: int, record: Callable[[dict[str, Any]], None]
+    ) -> None:
+        """Train the seeds of `cells` on a SeedPool; record each cell's row as its last
+        seed comes back. A cell refused before training (unsupported, bad options) is
+        recorded at once and starts no worker."""
+        waiting: dict[str, tuple[Cell, Prepared, dict[int, SeedOutcome]]] = {}
+        tasks: list[SeedTask] = []
+        for cell in cells:
+            job = self._job(cell)
+            try:
+                prepared = prepare(self.registry, job)
+            except Exception as error:
+                row = self._row(cell)
+                now = time.time()
+                row.update(failure_fields(error), started_at=now, finished_at=now, wall_s=0.0)
+                record(row)
+                continue
+            waiting[cell.id] = (cell, prepared, {})
+            tasks += [SeedTask(cell.id, job, seed) for seed in cell.task.seeds]
+
+        def done(outcome: SeedOutcome) -> None:
+            cell, prepared, outcomes = waiting[outcome.task.cell]
+            outcomes[outcome.task.seed] = outcome
+            if len(outcomes) == len(cell.task.seeds):
+                record(self._packed_row(cell, prepared, outcomes))
+
+        if not tasks:
+            return
+        pool = SeedPool(self.registry, workers)
+        try:
+            pool.run(tasks, done)
+        finally:
+            pool.close()
+
+    def _packed_row(
+        self, cell: Cell, prepared: Prepared, outcomes: dict[int, SeedOutcome]
+    ) -> dict[str, Any]:
+        """One accuracy cell's row from its seeds' outcomes, in the spec's seed order."""
+        seeds = cell.task.seeds
+        ordered = [outcomes[seed] for seed in seeds]
+        row = self._row(cell)
+        row.update(
+            node=",".join(sorted({outcome.node for outcome in ordered})),
+            threads=max(outcome.threads for outcome in ordered),
+            started_at=min(outcome.started_at for outcome in ordered),
+            finished_at=max(outcome.finished_at for outcome in ordered),
+        )
+        row["wall_s"] = row["finished_at"] - row["started_at"]
+        failed = [outcome for outcome in ordered if outcome.failure is not None]
+        if failed:
+            first = failed[0]
+            row.update(first.failure)
+            row["error"] = f"seed {first.task.seed}: {row['error']}"
+        else:
+            row.update(row_fields(prepared, seeds, [outcome.result for outcome in ordered]))
+        return row
 
     def _measure(self, cell: Cell) -> dict[str, Any]:
         spec = self.spec

@@ -13,6 +13,8 @@ before anything runs. An error names the file and the key and says what would be
     measures = ["speed", "memory", "fidelity"]
     seed = 0
     threads = 2                          # torch threads to measure with (default: torch's own)
+    accuracy_workers = 2                 # one-thread processes training accuracy seeds
+                                         # side by side (default: one per core on a CPU)
     baseline = "vanilla"                 # speed-ups are against this variant point (default: none)
 
     [timing]
@@ -39,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import itertools
+import math
 import re
 import tomllib
 import types
@@ -99,9 +102,18 @@ class TaskRun:
     d_model: int = 64
     num_heads: int = 4
     num_layers: int = 2
+    learning_rate: float | None = None
+    """Peak learning rate; None = the task's own default."""
 
 
-TASK_SETTINGS = {"seeds": int, "steps": int, "d_model": int, "num_heads": int, "num_layers": int}
+TASK_SETTINGS = {
+    "seeds": int,
+    "steps": int,
+    "d_model": int,
+    "num_heads": int,
+    "num_layers": int,
+    "learning_rate": float,
+}
 """Keys of a [[tasks]] table that set up training rather than the task itself."""
 
 
@@ -123,6 +135,9 @@ class Spec:
     seed: int = 0
     threads: int | None = None
     """torch threads every cell is measured with; None = torch.get_num_threads()."""
+    accuracy_workers: int | None = None
+    """One-thread processes that train accuracy seeds side by side; 1 trains them in the
+    runner's process on `threads`; None = one per usable core on a CPU, one on CUDA."""
     min_run_time: float = 0.2
     tasks: tuple[TaskRun, ...] = ()
     variant_options: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -150,6 +165,7 @@ _TOP_LEVEL: dict[str, Any] = {
     "measures": list[str],
     "seed": int,
     "threads": int,
+    "accuracy_workers": int,
     "baseline": str,
     "timing": dict,
     "tasks": list,
@@ -268,6 +284,7 @@ def load_spec(path: str | Path, registry: Registry) -> Spec:
         measures=tuple(data.get("measures", Spec.measures)),
         seed=data.get("seed", Spec.seed),
         threads=data.get("threads", Spec.threads),
+        accuracy_workers=data.get("accuracy_workers", Spec.accuracy_workers),
         min_run_time=float(timing.get("min_run_time", Spec.min_run_time)),
         tasks=tasks,
         variant_options=data.get("options", {}),
@@ -302,7 +319,7 @@ def _check_settings(data: dict[str, Any], fail: Callable[[str, str], typing.NoRe
                 fail(key, f"{item!r} is not one of {', '.join(valid)}" + _suggest(item, valid))
         if key in data and not data[key]:
             fail(key, f"is empty; give at least one of {', '.join(valid)}")
-    for key in ("seq_lens", "batch_size", "d_model", "num_heads", "threads"):
+    for key in ("seq_lens", "batch_size", "d_model", "num_heads", "threads", "accuracy_workers"):
         values = data.get(key, [1]) if key == "seq_lens" else [data.get(key, 1)]
         if not values or any(v < 1 for v in values):
             fail(key, f"must be positive; got {data.get(key)!r}")
@@ -377,7 +394,8 @@ def _repeated(values: typing.Iterable[Any]) -> str | None:
 
 
 def apply_overrides(spec: Spec, registry: Registry, overrides: dict[str, Any]) -> Spec:
-    """The command line's --device, --dtype, --seq-lens, --threads and --variants on top
+    """The command line's --device, --dtype, --seq-lens, --threads, --accuracy-workers and
+    --variants on top
     of a loaded spec.
 
     --variants keeps the spec's sweep of each named variant; a variant the spec does not
@@ -390,6 +408,8 @@ def apply_overrides(spec: Spec, registry: Registry, overrides: dict[str, Any]) -
         changes["dtype"] = overrides["dtype"]
     if overrides.get("threads"):
         changes["threads"] = overrides["threads"]
+    if overrides.get("accuracy_workers"):
+        changes["accuracy_workers"] = overrides["accuracy_workers"]
     if overrides.get("seq_lens"):
         repeated = _repeated(overrides["seq_lens"])
         if repeated:
@@ -426,9 +446,14 @@ def _task_run(entry: Any, index: int, registry: Registry, path: Path, seed: int)
     settings = {}
     for key, expected in TASK_SETTINGS.items():
         if key in entry:
-            if not _is_instance(entry[key], expected) or entry[key] < 1:
-                raise SpecError(f"{where}.{key}: must be a positive integer; got {entry[key]!r}")
-            settings[key] = entry[key]
+            value = entry[key]
+            if expected is float:
+                if not _is_instance(value, float) or not 0 < value < math.inf:
+                    raise SpecError(f"{where}.{key}: must be a positive number; got {value!r}")
+                value = float(value)
+            elif not _is_instance(value, expected) or value < 1:
+                raise SpecError(f"{where}.{key}: must be a positive integer; got {value!r}")
+            settings[key] = value
     options = {k: v for k, v in entry.items() if k != "name" and k not in TASK_SETTINGS}
     try:
         task = task_cls(**options)

@@ -165,11 +165,12 @@ def test_a_causal_model_never_looks_ahead():
 
 
 def test_causal_mqar_is_unsupported_for_a_variant_without_causal_attention():
-    from playground.accuracy import measure_accuracy
+    from playground.accuracy import AccuracyJob, measure_accuracy
 
     with pytest.raises(UnsupportedFeature, match="causal"):
         measure_accuracy(
-            Registry.discover(entry_points=False), "linformer", {}, "mqar", {"causal": True}
+            Registry.discover(entry_points=False),
+            AccuracyJob("linformer", {}, "mqar", {"causal": True}),
         )
 
 

@@ -382,7 +382,8 @@ def test_accuracy_cells_record_per_seed_results_and_unsupported(spec_file, tmp_p
     runner = Runner(spec, registry, store)
     runner.start()
     runner.run()
-    vanilla, linformer = store.rows()
+    rows = {row["variant"]: row for row in store.rows()}
+    vanilla, linformer = rows["vanilla"], rows["linformer"]
     assert vanilla["status"] == "ok" and len(vanilla["accuracy_per_seed"]) == 2
     assert vanilla["seeds"] == [0, 1] and vanilla["steps"] == 2 and vanilla["chance"] > 0
     # the task is longer than the 8 keys this Linformer was built for

@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from playground.accuracy import measure_accuracy
+from playground.accuracy import AccuracyJob, measure_accuracy
 from playground.errors import ConfigError, UnknownVariant
 from playground.model import ModelConfig, TransformerClassifier
 from playground.registry import Registry
@@ -68,18 +68,17 @@ def test_a_tiny_vanilla_run_beats_chance(
 
 
 def test_measure_accuracy_returns_the_row_fields(bundled_registry: Registry) -> None:
-    row = measure_accuracy(
-        bundled_registry,
+    job = AccuracyJob(
         "t5_relative",
         {"num_buckets": 8, "max_distance": 8},
         "lookback",
         {"seq_len": 12, "offset": 2, "vocab_size": 8},
-        seeds=[0, 1],
         steps=5,
         d_model=16,
         num_heads=2,
         num_layers=1,
     )
+    row = measure_accuracy(bundled_registry, job, seeds=[0, 1])
     assert row["task"] == "lookback" and row["steps"] == 5
     assert row["task_label"] == "lookback(seq_len=12, offset=2, vocab_size=8)"
     assert row["task_options"] == {"seq_len": 12, "offset": 2, "vocab_size": 8}
@@ -92,18 +91,19 @@ def test_measure_accuracy_returns_the_row_fields(bundled_registry: Registry) -> 
 
 def test_measure_accuracy_is_repeatable_for_a_seed(bundled_registry: Registry) -> None:
     def run() -> float:
-        return measure_accuracy(
-            bundled_registry, "vanilla", {}, "lookback", {"seq_len": 12, "offset": 2},
-            seeds=[3], steps=5, d_model=16, num_heads=2, num_layers=1,
-        )["accuracy_mean"]  # fmt: skip
+        job = AccuracyJob(
+            "vanilla", {}, "lookback", {"seq_len": 12, "offset": 2},
+            steps=5, d_model=16, num_heads=2, num_layers=1,
+        )  # fmt: skip
+        return measure_accuracy(bundled_registry, job, seeds=[3])["accuracy_mean"]
 
     assert run() == run()
 
 
 def test_measure_accuracy_errors_name_the_problem(bundled_registry: Registry) -> None:
     with pytest.raises(UnknownVariant, match="task"):
-        measure_accuracy(bundled_registry, "vanilla", {}, "mqr", {}, seeds=[0], steps=1)
+        measure_accuracy(bundled_registry, AccuracyJob("vanilla", {}, "mqr", {}, steps=1))
     with pytest.raises(ConfigError, match="num_pairs"):
         measure_accuracy(
-            bundled_registry, "vanilla", {}, "mqar", {"num_pairs": 99}, seeds=[0], steps=1
+            bundled_registry, AccuracyJob("vanilla", {}, "mqar", {"num_pairs": 99}, steps=1)
         )

@@ -1,0 +1,193 @@
+"""The packed lane: an accuracy cell's seeds trained side by side on one-thread workers.
+
+A cost cell (speed, memory) needs the machine to itself, so the runner measures those one
+at a time in its own process, on the run's thread count. An accuracy cell is a few seeds of
+a small model, and a small model's products do not fill several cores: on a CPU the seeds
+train faster side by side, one thread each, than one after another on every thread.
+`SeedPool` runs them on worker processes that rebuild the driver's registry (its
+`Registry.recipe`), so a plugin from `--plugins-dir` trains there too. The driver is the
+only writer: it composes a cell's row when its last seed is back.
+
+Workers are spawned, not forked: a forked child inherits the parent's OpenMP thread pool
+in a state it cannot use. A worker that dies (killed, out of memory) breaks the pool; the
+seeds that were running then are retried once on a fresh pool, and recorded as `error`
+with the reason when they fail again.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+import platform
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from playground.accuracy import AccuracyJob, SeedResult, prepare, train_seed
+from playground.errors import failure_fields
+from playground.registry import LoadStep, Registry
+
+RETRIES = 1
+"""Further attempts for a seed whose worker died under it."""
+IDLE_BREAKS = 3
+"""Pool breaks a seed may see before it was seen running (it may have died within one
+poll) before each further break counts as an attempt."""
+
+
+@dataclass(frozen=True)
+class SeedTask:
+    """One seed of one accuracy cell."""
+
+    cell: str
+    """The cell's id."""
+    job: AccuracyJob
+    seed: int
+
+
+@dataclass(frozen=True)
+class SeedOutcome:
+    """What came back for a seed: its result, or the status and error of its failure."""
+
+    task: SeedTask
+    result: SeedResult | None
+    failure: dict[str, str] | None
+    """`failure_fields` of what it raised (None when it trained)."""
+    node: str
+    threads: int
+    started_at: float
+    """Unix time the seed started on its worker (and below, finished)."""
+    finished_at: float
+
+
+def run_seed(registry: Registry, task: SeedTask) -> SeedOutcome:
+    """Train and score one seed here; a raise becomes the outcome's failure."""
+    started = time.time()
+    result, failure = None, None
+    try:
+        result = train_seed(registry, prepare(registry, task.job), task.seed)
+    except Exception as error:  # one seed's failure is its cell's record, not the run's end
+        failure = failure_fields(error)
+    return SeedOutcome(
+        task, result, failure, platform.node(), torch.get_num_threads(), started, time.time()
+    )
+
+
+def usable_cpus() -> int:
+    """The CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+_worker_registry: Registry | None = None
+
+
+def _start_worker(recipe: Sequence[LoadStep]) -> None:
+    global _worker_registry
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    torch.set_num_threads(1)
+    _worker_registry = Registry.from_recipe(recipe)
+
+
+def _run_in_worker(task: SeedTask) -> SeedOutcome:
+    assert _worker_registry is not None, "the worker's initializer did not run"
+    return run_seed(_worker_registry, task)
+
+
+def _died(task: SeedTask, error: BaseException, attempts: int) -> SeedOutcome:
+    now = time.time()
+    failure = {
+        "status": "error",
+        "error": f"the worker process training seed {task.seed} died ({attempts} attempts): "
+        f"{type(error).__name__}: {error}; a kill or the out-of-memory killer does this",
+    }
+    return SeedOutcome(task, None, failure, platform.node(), 1, now, now)
+
+
+class SeedPool:
+    """`workers` spawned processes, one torch thread each, training seeds."""
+
+    def __init__(self, registry: Registry, workers: int) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1; got {workers}")
+        self.recipe = list(registry.recipe)
+        self.workers = workers
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+
+    def _fresh_pool(self) -> concurrent.futures.ProcessPoolExecutor:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool = concurrent.futures.ProcessPoolExecutor(
+            self.workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_start_worker,
+            initargs=(self.recipe,),
+        )
+        return self._pool
+
+    def worker_pids(self) -> list[int]:
+        """The live workers' process ids (a test kills one)."""
+        # ProcessPoolExecutor has no public handle on its processes before Python 3.14.
+        processes: dict[int, Any] = getattr(self._pool, "_processes", None) or {}
+        return [pid for pid, process in processes.items() if process.is_alive()]
+
+    def run(self, tasks: Sequence[SeedTask], done: Callable[[SeedOutcome], None]) -> None:
+        """Train every task, calling `done` with each outcome as it comes back (in the
+        order they finish). KeyboardInterrupt stops the workers and propagates."""
+        attempts: Counter[tuple[str, int]] = Counter()  # by (cell, seed)
+        idle_breaks: Counter[tuple[str, int]] = Counter()  # broken before seen running
+        queue = list(tasks)
+        try:
+            while queue:
+                pool = self._pool if self._pool is not None else self._fresh_pool()
+                futures = {pool.submit(_run_in_worker, task): task for task in queue}
+                queue = []
+                waiting = set(futures)
+                while waiting:
+                    running = {future for future in waiting if future.running()}
+                    finished, waiting = concurrent.futures.wait(
+                        waiting, timeout=0.5, return_when=concurrent.futures.FIRST_COMPLETED
+                    )
+                    for future in finished:
+                        task = futures[future]
+                        key = (task.cell, task.seed)
+                        error = future.exception()
+                        if error is None:
+                            done(future.result())
+                        elif not isinstance(error, BrokenProcessPool):
+                            raise error  # the worker's own plumbing failed, not the seed
+                        elif future not in running and idle_breaks[key] < IDLE_BREAKS:
+                            idle_breaks[key] += 1  # not started yet: no attempt spent
+                            queue.append(task)
+                        else:
+                            attempts[key] += 1
+                            if attempts[key] > RETRIES:
+                                done(_died(task, error, attempts[key]))
+                            else:
+                                queue.append(task)
+                if queue:
+                    self._fresh_pool()
+        except BaseException:
+            self.close(kill=True)
+            raise
+
+    def close(self, kill: bool = False) -> None:
+        """Shut the workers down; `kill` stops the ones still training."""
+        if self._pool is None:
+            return
+        if kill:
+            for pid in self.worker_pids():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool = None

@@ -1,0 +1,152 @@
+"""The packed lane: accuracy seeds trained on one-thread worker processes give the rows
+the runner's own process gives, a researcher's plugin trains there, a worker that dies is
+retried once and then recorded, and Ctrl-C stops the workers."""
+
+from __future__ import annotations
+
+import signal
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from playground.accuracy import AccuracyJob
+from playground.executors import SeedPool, SeedTask
+from playground.registry import Registry
+from playground.results import RunStore
+from playground.runner import Runner
+from playground.spec import load_spec
+
+SPEC = """
+    name = "packed"
+    measures = ["accuracy"]
+    threads = 1
+    accuracy_workers = {workers}
+
+    [[tasks]]
+    name = "lookback"
+    seq_len = 12
+    offset = 2
+    steps = {steps}
+    seeds = 2
+    d_model = 16
+    num_heads = 2
+    num_layers = 1
+
+    [[variants]]
+    name = "{variant}"
+"""
+
+# A variant that kills the worker process training it: always, or only the first time
+# (it leaves a marker file beside itself), so the retry is seen to happen.
+DYING_PLUGIN = """
+    import multiprocessing, os, signal
+    from pathlib import Path
+    import playground
+
+    MARKER = Path(__file__).with_suffix(".died")
+
+    class Dying(playground.SoftmaxAttention):
+        name, summary, paper = "dying", "kills its worker", "-"
+        once = {once}
+
+        def forward(self, *arguments, **keywords):
+            in_worker = multiprocessing.parent_process() is not None
+            if in_worker and not (self.once and MARKER.exists()):
+                MARKER.touch()
+                os.kill(os.getpid(), signal.SIGKILL)
+            return super().forward(*arguments, **keywords)
+
+    @playground.hookimpl
+    def register_attention(register):
+        register(Dying)
+"""
+
+TABLE_PLUGIN = """
+    import torch
+    import playground
+
+    class Table(playground.SoftmaxAttention):
+        name, summary, paper = "table", "a learned bias per distance", "-"
+        additive_score_mod = True
+
+        def __init__(self, d_model=512, num_heads=8, **options):
+            super().__init__(d_model, num_heads, **options)
+            self.distance_bias = torch.nn.Parameter(torch.zeros(64))
+
+        def score_mod(self, score, b, h, q_idx, kv_idx):
+            return score + self.distance_bias[(q_idx - kv_idx).abs().clamp(max=63)]
+
+    @playground.hookimpl
+    def register_attention(register):
+        register(Table)
+"""
+
+
+def _run(tmp_path: Path, registry: Registry, workers: int, variant: str, steps: int = 3):
+    path = tmp_path / f"spec-{workers}.toml"
+    path.write_text(textwrap.dedent(SPEC.format(workers=workers, steps=steps, variant=variant)))
+    spec = load_spec(path, registry)
+    store = RunStore.create(tmp_path / f"results-{workers}", spec.name)
+    runner = Runner(spec, registry, store)
+    runner.start()
+    count, completed = runner.run()
+    assert completed and count == 1
+    (row,) = store.rows()
+    return row
+
+
+def test_packed_seeds_give_the_rows_the_runner_gives(tmp_path):
+    """Same seeds on one thread each: the same accuracies and losses, to the bit."""
+    registry = Registry.discover(entry_points=False)
+    here = _run(tmp_path, registry, 1, "vanilla")
+    packed = _run(tmp_path, registry, 2, "vanilla")
+    for row in (here, packed):
+        assert row["status"] == "ok", row["error"]
+        assert row["threads"] == 1 and row["node"] and row["finished_at"] > row["started_at"]
+    for key in ("accuracy_per_seed", "final_train_loss", "seeds", "model", "chance"):
+        assert packed[key] == here[key], key
+
+
+def test_a_plugin_from_a_plugins_dir_trains_on_the_workers(tmp_path, write_plugin):
+    plugin = write_plugin("table.py", TABLE_PLUGIN)
+    registry = Registry.discover([plugin.parent], entry_points=False)
+    row = _run(tmp_path, registry, 2, "table")
+    assert row["status"] == "ok", row["error"]
+    assert len(row["accuracy_per_seed"]) == 2
+
+
+@pytest.mark.parametrize("once", [True, False], ids=["dies-once", "dies-always"])
+def test_a_seed_whose_worker_dies_is_retried_once_then_recorded(tmp_path, write_plugin, once):
+    plugin = write_plugin("dying.py", DYING_PLUGIN.format(once=once))
+    registry = Registry.discover([plugin.parent], entry_points=False)
+    row = _run(tmp_path, registry, 2, "dying", steps=2)
+    assert plugin.with_suffix(".died").exists()  # it did kill a worker
+    if once:
+        assert row["status"] == "ok", row["error"]
+    else:
+        assert row["status"] == "error"
+        assert "died (2 attempts)" in row["error"] and "seed" in row["error"]
+
+
+def test_ctrl_c_stops_the_workers_and_propagates(tmp_path):
+    registry = Registry.discover(entry_points=False)
+    job = AccuracyJob(
+        "vanilla", {}, "lookback", {"seq_len": 12, "offset": 2}, steps=400, d_model=16,
+        num_heads=2, num_layers=1,
+    )  # fmt: skip
+    pool = SeedPool(registry, 2)
+    seen: list[int] = []
+    workers = []
+
+    def interrupt(outcome) -> None:
+        seen.append(outcome.task.seed)
+        workers.extend(pool._pool._processes.values())  # still training seeds 1 and 2
+        raise KeyboardInterrupt
+
+    tasks = [SeedTask("cell", job, seed) for seed in range(4)]
+    tasks[0] = SeedTask("cell", AccuracyJob(**{**job.__dict__, "steps": 1}), 0)  # back first
+    with pytest.raises(KeyboardInterrupt):
+        pool.run(tasks, interrupt)
+    assert seen == [0] and pool._pool is None
+    assert [worker.exitcode for worker in workers] == [-signal.SIGKILL] * 2  # not waited for
