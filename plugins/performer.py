@@ -13,7 +13,10 @@ orthogonal within blocks of d (Gram–Schmidt, §3.1, "ORFs"), each scaled to th
 Gaussian vector. As in `performer_pytorch` (whose `FastAttention` is the oracle given the
 same W), each feature subtracts a stabiliser before exp and adds ε = 1e-4 after it: the
 query's own maximum, and for keys the maximum over the sequence's real keys (padding is
-left out of it and of the sums, so that padding cannot change a real output).
+left out of it and of the sums, so that padding cannot change a real output). The ε is a
+bias, not only a guard: where one key's features dwarf the others', the rest fall below ε
+after the shared stabiliser and the weights drift toward uniform, which more features do
+not cure (the attention-patterns figure, on its sharply local inputs, shows this).
 
 W is drawn once, from `feature_seed`, and kept as the buffer `projection_matrix` (so two modules
 with the same seed agree, and parity tests can copy it). `redraw_features=True` draws a
@@ -86,9 +89,12 @@ def favor_features(
     else:
         real = logits if keep is None else logits.masked_fill(~keep[:, None, :, None], -math.inf)
         stabiliser = real.amax(dim=(-2, -1), keepdim=True).nan_to_num(0.0, neginf=0.0)
-    features = (torch.exp(logits - square - stabiliser.detach()) + EPSILON) / math.sqrt(
-        projection.shape[0]
-    )
+    shift = square + stabiliser.detach()  # (B, H, N, 1) or (B, H, 1, 1): one pass below
+    normalizer = projection.shape[0] ** -0.5
+    if torch.is_grad_enabled() and logits.requires_grad:
+        features = (torch.exp(logits - shift) + EPSILON) * normalizer
+    else:  # nothing to differentiate: the (B, H, N, m) tensor is rewritten in place
+        features = logits.sub_(shift).exp_().add_(EPSILON).mul_(normalizer)
     if keep is not None:
         features = features.masked_fill(~keep[:, None, :, None], 0.0)  # NaN padding too
     return features

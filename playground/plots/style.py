@@ -180,7 +180,15 @@ def log_axis(axes: Axes, values: Sequence[float], which: str = "y") -> None:
     axis.set_major_formatter(LogFormatter())
     positive = [v for v in values if v > 0]
     if positive and max(positive) < 100 * min(positive):
-        axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 1)))
+        axis.set_minor_formatter(PlainLogFormatter(labelOnlyBase=False, minor_thresholds=(2, 1)))
+
+
+class PlainLogFormatter(LogFormatter):
+    """LogFormatter's choice of which ticks to label, written as plain numbers (0.3, not
+    3e-01)."""
+
+    def _num_to_string(self, x: float, vmin: float, vmax: float) -> str:
+        return f"{x:g}"
 
 
 def save(figure: Figure, out_dir: Path, stem: str, formats: Sequence[str]) -> list[Path]:
