@@ -31,7 +31,7 @@ from playground.plots import FORMATS, plot_run
 from playground.registry import Registry, bundled_dir
 from playground.report import write_report
 from playground.results import ENV, OVERRIDES, REJECTED, ROWS, SPEC, RunStore, unwritable
-from playground.runner import Runner, check_device, plan
+from playground.runner import Executor, Runner, check_device, executor_for, plan
 from playground.spec import DTYPES, apply_overrides, load_spec
 from playground.summary import print_accuracy, print_summary, write_summary
 
@@ -176,18 +176,20 @@ def _interrupted(store: RunStore, count: int | None = None) -> int:
     return 130
 
 
-def _execute(registry: Registry, store: RunStore, spec, overrides: dict) -> int:
+def _execute(
+    registry: Registry, store: RunStore, spec, overrides: dict, executor: Executor
+) -> int:
     runner = Runner(spec, registry, store, console)
     try:
         runner.start(overrides)
         pending = len(runner.pending())
         console.print(
             f"[bold]{spec.name}[/bold]: {len(plan(spec))} cells ({pending} to run, on "
-            f"{runner.threads} threads) → {store.directory}"
+            f"{runner.threads} threads, {executor.name} executor) → {store.directory}"
         )
     except KeyboardInterrupt:
         return _interrupted(store)
-    count, completed = runner.run()
+    count, completed = runner.run(executor)
     try:  # a second Ctrl-C (while the figures are drawn, say) ends with the same hint
         lines = write_summary(store, runner.spec.baseline)
         print_summary(lines, console)
@@ -235,6 +237,8 @@ def _overrides(arguments: argparse.Namespace) -> dict:
         "dtype": getattr(arguments, "dtype", None),
         "threads": arguments.threads,
         "accuracy_workers": getattr(arguments, "accuracy_workers", None),
+        "executor": getattr(arguments, "executor", None),
+        "address": getattr(arguments, "address", None),
         "seq_lens": seq_lens,
         "variants": variants.split(",") if variants else None,
         # absolute, so a resume from another working directory finds the same plugins
@@ -272,11 +276,16 @@ def command_run(registry: Registry, arguments: argparse.Namespace) -> int:
         if recorded:  # the plugin directories the run started with, then any given now
             given = getattr(arguments, "plugins_dir", None) or []
             registry = registry_module.configure([*recorded, *given])
-        # where the seeds train is not a measurement setting: a resume may choose anew
-        lane = {"accuracy_workers": arguments.accuracy_workers}
+        # where the cells run is not a measurement setting: a resume may choose anew
+        lane = {
+            "accuracy_workers": arguments.accuracy_workers,
+            "executor": arguments.executor,
+            "address": arguments.address,
+        }
         spec = apply_overrides(
             load_spec(store.path(SPEC), registry), registry, {**overrides, **lane}
         )
+        executor = executor_for(spec)
     else:
         if not arguments.spec:
             raise PlaygroundError(
@@ -285,15 +294,18 @@ def command_run(registry: Registry, arguments: argparse.Namespace) -> int:
         overrides = _overrides(arguments)
         spec = apply_overrides(load_spec(arguments.spec, registry), registry, overrides)
         check_device(spec.device)
+        executor = executor_for(spec)
         store = RunStore.create(arguments.out, spec.name)
-    return _execute(registry, store, spec, overrides)
+    return _execute(registry, store, spec, overrides, executor)
 
 
 def command_compare(registry: Registry, arguments: argparse.Namespace) -> int:
     overrides = _overrides(arguments)
     spec = apply_overrides(load_spec("quick", registry), registry, overrides)
     check_device(spec.device)
-    return _execute(registry, RunStore.create(arguments.out, spec.name), spec, overrides)
+    executor = executor_for(spec)
+    store = RunStore.create(arguments.out, spec.name)
+    return _execute(registry, store, spec, overrides, executor)
 
 
 def _plot_and_report(
@@ -454,6 +466,17 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="N",
             help="one-thread processes that train accuracy seeds side by side (default: "
             "the spec's, else one per core on a CPU; 1 trains them in this process)",
+        )
+        sub.add_argument(
+            "--executor",
+            choices=("local", "ray"),
+            help="where the cells run (default: the spec's, else local); ray needs "
+            "pip install 'attention-playground[ray]'",
+        )
+        sub.add_argument(
+            "--address",
+            metavar="ADDR",
+            help="the Ray cluster to join (default: RAY_ADDRESS, else a fresh local one)",
         )
         sub.add_argument(
             "--out", default="results", metavar="DIR", help="results root (default: results)"

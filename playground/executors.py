@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -64,6 +64,12 @@ class SeedOutcome:
     started_at: float
     """Unix time the seed started on its worker (and below, finished)."""
     finished_at: float
+
+
+class SeedLane(Protocol):
+    """Somewhere seeds train: `run` calls `done` in this process with each outcome."""
+
+    def run(self, tasks: Sequence[SeedTask], done: Callable[[SeedOutcome], None]) -> None: ...
 
 
 def run_seed(registry: Registry, task: SeedTask) -> SeedOutcome:

@@ -19,6 +19,7 @@ import numbers
 import os
 import pkgutil
 import sys
+import tempfile
 import traceback
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -135,6 +136,21 @@ def _why_flops_fail(obj: type[AttentionVariant]) -> str | None:
     return None
 
 
+def _materialise(step: LoadStep) -> Path:
+    """A file with `step.text`, under this machine's temporary directory, named as the
+    original (a content digest keeps two versions apart)."""
+    assert step.text is not None
+    digest = hashlib.sha1(step.text.encode()).hexdigest()[:12]
+    directory = Path(tempfile.gettempdir()) / "playground-plugins" / digest
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / Path(step.path).name
+    if not path.exists():  # written whole, then renamed: a concurrent reader sees all or none
+        partial = directory / f".{path.name}.{os.getpid()}"
+        partial.write_text(step.text)
+        os.replace(partial, path)
+    return path
+
+
 @dataclass(frozen=True)
 class LoadStep:
     """One step of loading a registry: the shipped tasks, the entry points, a plugin
@@ -143,6 +159,9 @@ class LoadStep:
     source: Literal["builtin_tasks", "entry_points", "directory", "file"]
     path: str = ""
     kind: str = ""
+    text: str | None = None
+    """A file's source, carried along (`Registry.portable_recipe`) for a process on a
+    machine that does not have the file."""
 
 
 class Registry:
@@ -171,9 +190,26 @@ class Registry:
                 registry.load_entry_points()
             elif step.source == "directory":
                 registry.load_directory(step.path, step.kind)
-            else:
+            elif step.text is None:
                 registry.load_file(step.path, step.kind)
+            else:
+                registry.load_file(_materialise(step), step.kind)
         return registry
+
+    def portable_recipe(self) -> list[LoadStep]:
+        """The recipe with every plugin file's source carried in it, a directory as its
+        files: another machine loads the same plugins without sharing a filesystem."""
+        portable = []
+        for step in self.recipe:
+            if step.source == "directory" and Path(step.path).is_dir():
+                files = sorted(Path(step.path).glob("*.py"))
+                chosen = [file for file in files if not file.name.startswith("_")]
+                portable += [LoadStep("file", str(f), step.kind, f.read_text()) for f in chosen]
+            elif step.source == "file" and Path(step.path).is_file():
+                portable.append(dataclasses.replace(step, text=Path(step.path).read_text()))
+            else:
+                portable.append(step)
+        return portable
 
     @classmethod
     def discover(

@@ -17,8 +17,8 @@ import gc
 import platform
 import time
 from dataclasses import dataclass
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import torch
 from rich.console import Console
@@ -27,7 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from playground.accuracy import AccuracyJob, Prepared, measure_accuracy, prepare, row_fields
 from playground.contract import AttentionOutput, AttentionVariant
 from playground.errors import InvalidOutput, PlaygroundError, failure_fields
-from playground.executors import SeedOutcome, SeedPool, SeedTask, usable_cpus
+from playground.executors import SeedLane, SeedOutcome, SeedPool, SeedTask, usable_cpus
 from playground.fidelity import measure_fidelity
 from playground.measure import (
     gemm_flops_per_second,
@@ -160,105 +160,29 @@ workload = Workload
 """The name the benchmark suite and older tests import."""
 
 
-class Runner:
+class Measurer:
+    """Measures cells where it runs: a cost cell on `threads` torch threads, its efficiency
+    against `gemm_flops` (the throughput of the machine doing the work), an accuracy cell
+    seed after seed. The runner has one; so does every remote worker of an executor."""
+
     def __init__(
-        self, spec: Spec, registry: Registry, store: RunStore, console: Console | None = None
+        self,
+        spec: Spec,
+        registry: Registry,
+        threads: int,
+        gemm_flops: float | None,
+        progress: Progress | None = None,
+        node: str | None = None,
     ) -> None:
         self.spec = spec
         self.registry = registry
-        self.store = store
-        self.console = console or Console()
-        self.gemm_flops: float | None = None
-        self.threads = resolve_threads(spec.threads)
-        """The torch threads every cell runs on; a resume keeps its run's count."""
-        self.progress: Progress | None = None
+        self.threads = threads
+        self.gemm_flops = gemm_flops
+        self.progress = progress
+        """Where accuracy cells add their training bars (the runner's own)."""
+        self.node = node or platform.node()
 
-    def start(self, overrides: dict[str, Any] | None = None) -> None:
-        """Record the spec, the command-line overrides and the environment, then measure
-        the GEMM ceiling, once per run: a resume reuses the figure and the thread count
-        its rows were measured with. The files are written before the GEMM, so a run
-        interrupted while it is measured resumes the cells it was asked for."""
-        if self.store.path(ENV).exists():
-            env = self.store.read_json(ENV)
-            self.threads = env.get("threads") or self.threads
-        else:
-            check_device(self.spec.device)
-            self.store.write_text(SPEC, self.spec.text)
-            self.store.write_json(OVERRIDES, overrides or {})
-            env = environment(self.spec.device, self.threads)
-            env.update(
-                gemm_flops_per_s=None,
-                dtype=self.spec.dtype,
-                experiment=self.spec.name,
-                spec_file=str(self.spec.path),
-                overrides=overrides or {},
-            )
-            self.store.write_json(ENV, env)
-        if not env.get("gemm_flops_per_s"):
-            self.console.print(
-                f"measuring {self.spec.dtype} GEMM throughput on {self.spec.device} "
-                f"({self.threads} threads)…"
-            )
-            env["gemm_flops_per_s"] = gemm_flops_per_second(
-                self.spec.device, self.spec.torch_dtype, threads=self.threads
-            )
-            self.store.write_json(ENV, env)
-        self.gemm_flops = env["gemm_flops_per_s"]
-
-    def pending(self) -> list[Cell]:
-        done = {row["cell"] for row in self.store.rows()}
-        return [cell for cell in plan(self.spec) if cell.id not in done]
-
-    def accuracy_workers(self, seeds: int) -> int:
-        """Processes the packed lane trains `seeds` pending seeds on: the spec's
-        `accuracy_workers`, else one per usable core on a CPU run (one on CUDA), never more
-        than there are seeds. 1 trains them here, on the run's threads."""
-        wanted = self.spec.accuracy_workers
-        if wanted is None:
-            wanted = usable_cpus() if self.spec.device == "cpu" else 1
-        return max(1, min(wanted, seeds))
-
-    def run(self) -> tuple[int, bool]:
-        """Measure every pending cell; returns (cells run, finished without interrupt).
-        The cost cells go first, one at a time; then the accuracy cells' seeds, packed."""
-        cells = self.pending()
-        columns = (
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(elapsed_when_finished=True),
-        )
-        finished = 0
-
-        def record(row: dict[str, Any]) -> None:
-            nonlocal finished
-            self.store.append(row)
-            finished += 1
-            progress.advance(bar)
-
-        with (
-            using_threads(self.threads),
-            Progress(*columns, console=self.console, transient=False) as progress,
-        ):
-            self.progress = progress  # accuracy cells add their training bars to it
-            bar = progress.add_task("cells", total=len(cells))
-            trained = [cell for cell in cells if cell.task is not None]
-            workers = self.accuracy_workers(sum(len(cell.task.seeds) for cell in trained))
-            try:
-                for cell in cells:
-                    if cell.task is None or workers == 1:
-                        progress.update(bar, description=cell.id)
-                        record(self.measure(cell))
-                if workers > 1:
-                    progress.update(bar, description=f"training seeds on {workers} workers")
-                    self._train_packed(trained, workers, record)
-            except KeyboardInterrupt:
-                return finished, False
-            finally:
-                gc.unfreeze()  # what the run froze may be collected again from now on
-        return finished, True
-
-    def _row(self, cell: Cell) -> dict[str, Any]:
+    def row(self, cell: Cell) -> dict[str, Any]:
         """The fields every row of `cell` starts with: what it is and where it runs."""
         spec = self.spec
         row: dict[str, Any] = {
@@ -267,7 +191,7 @@ class Runner:
             "label": cell.variant.label,
             "options": cell.variant.options,
             "device": spec.device,
-            "node": platform.node(),
+            "node": self.node,
             "threads": self.threads,
             "gemm_flops_per_s": self.gemm_flops,
             "dtype": spec.dtype,
@@ -296,7 +220,7 @@ class Runner:
     def measure(self, cell: Cell) -> dict[str, Any]:
         """Measure `cell` here, on the run's threads; a raise is recorded, not propagated
         (Ctrl-C excepted)."""
-        row = self._row(cell)
+        row = self.row(cell)
         row["started_at"] = time.time()
         started = time.perf_counter()
         try:
@@ -306,7 +230,7 @@ class Runner:
                 row.update(
                     measure_accuracy(
                         self.registry,
-                        self._job(cell),
+                        self.job(cell),
                         seeds=cell.task.seeds,
                         progress=self.progress,
                     )
@@ -327,7 +251,7 @@ class Runner:
         row["finished_at"] = time.time()
         return row
 
-    def _job(self, cell: Cell) -> AccuracyJob:
+    def job(self, cell: Cell) -> AccuracyJob:
         task = cell.task
         assert task is not None
         return AccuracyJob(
@@ -344,48 +268,13 @@ class Runner:
             dtype=self.spec.torch_dtype,
         )
 
-    def _train_packed(
-        self, cells: list[Cell], workers: int, record: Callable[[dict[str, Any]], None]
-    ) -> None:
-        """Train the seeds of `cells` on a SeedPool; record each cell's row as its last
-        seed comes back. A cell refused before training (unsupported, bad options) is
-        recorded at once and starts no worker."""
-        waiting: dict[str, tuple[Cell, Prepared, dict[int, SeedOutcome]]] = {}
-        tasks: list[SeedTask] = []
-        for cell in cells:
-            job = self._job(cell)
-            try:
-                prepared = prepare(self.registry, job)
-            except Exception as error:
-                row = self._row(cell)
-                now = time.time()
-                row.update(failure_fields(error), started_at=now, finished_at=now, wall_s=0.0)
-                record(row)
-                continue
-            waiting[cell.id] = (cell, prepared, {})
-            tasks += [SeedTask(cell.id, job, seed) for seed in cell.task.seeds]
-
-        def done(outcome: SeedOutcome) -> None:
-            cell, prepared, outcomes = waiting[outcome.task.cell]
-            outcomes[outcome.task.seed] = outcome
-            if len(outcomes) == len(cell.task.seeds):
-                record(self._packed_row(cell, prepared, outcomes))
-
-        if not tasks:
-            return
-        pool = SeedPool(self.registry, workers)
-        try:
-            pool.run(tasks, done)
-        finally:
-            pool.close()
-
-    def _packed_row(
+    def packed_row(
         self, cell: Cell, prepared: Prepared, outcomes: dict[int, SeedOutcome]
     ) -> dict[str, Any]:
         """One accuracy cell's row from its seeds' outcomes, in the spec's seed order."""
         seeds = cell.task.seeds
         ordered = [outcomes[seed] for seed in seeds]
-        row = self._row(cell)
+        row = self.row(cell)
         row.update(
             node=",".join(sorted({outcome.node for outcome in ordered})),
             threads=max(outcome.threads for outcome in ordered),
@@ -449,3 +338,187 @@ class Runner:
             except (ValueError, PlaygroundError) as error:
                 fields["fidelity_note"] = str(error)
         return fields
+
+    def train_packed(
+        self, cells: Sequence[Cell], lane: SeedLane, record: Callable[[dict[str, Any]], None]
+    ) -> None:
+        """Train the seeds of `cells` on `lane`; record each cell's row as its last seed
+        comes back. A cell refused before training (unsupported, bad options) is recorded
+        at once and sends nothing to the lane."""
+        waiting: dict[str, tuple[Cell, Prepared, dict[int, SeedOutcome]]] = {}
+        tasks: list[SeedTask] = []
+        for cell in cells:
+            job = self.job(cell)
+            try:
+                prepared = prepare(self.registry, job)
+            except Exception as error:
+                row = self.row(cell)
+                now = time.time()
+                row.update(failure_fields(error), started_at=now, finished_at=now, wall_s=0.0)
+                record(row)
+                continue
+            waiting[cell.id] = (cell, prepared, {})
+            tasks += [SeedTask(cell.id, job, seed) for seed in cell.task.seeds]
+
+        def done(outcome: SeedOutcome) -> None:
+            cell, prepared, outcomes = waiting[outcome.task.cell]
+            outcomes[outcome.task.seed] = outcome
+            if len(outcomes) == len(cell.task.seeds):
+                record(self.packed_row(cell, prepared, outcomes))
+
+        if tasks:
+            lane.run(tasks, done)
+
+
+class Executor(Protocol):
+    """Where a run's cells execute (docs/design.md, Results: `local` and `ray`)."""
+
+    name: str
+
+    def run(
+        self, runner: Runner, cells: Sequence[Cell], record: Callable[[dict[str, Any]], None]
+    ) -> None:
+        """Measure `cells`, calling `record` in this process with each row once it is
+        complete; KeyboardInterrupt stops what is still running and propagates."""
+
+
+class Runner:
+    """One run: its files, its pending cells, and the executor that measures them. The
+    runner's process is the only writer of results.jsonl."""
+
+    def __init__(
+        self, spec: Spec, registry: Registry, store: RunStore, console: Console | None = None
+    ) -> None:
+        self.spec = spec
+        self.registry = registry
+        self.store = store
+        self.console = console or Console()
+        self.gemm_flops: float | None = None
+        self.threads = resolve_threads(spec.threads)
+        """The torch threads every cell runs on; a resume keeps its run's count."""
+        self.measurer = Measurer(spec, registry, self.threads, None)
+        self.progress: Progress | None = None
+
+    def start(self, overrides: dict[str, Any] | None = None) -> None:
+        """Record the spec, the command-line overrides and the environment, then measure
+        the GEMM ceiling, once per run: a resume reuses the figure and the thread count
+        its rows were measured with. The files are written before the GEMM, so a run
+        interrupted while it is measured resumes the cells it was asked for."""
+        if self.store.path(ENV).exists():
+            env = self.store.read_json(ENV)
+            self.threads = env.get("threads") or self.threads
+        else:
+            check_device(self.spec.device)
+            self.store.write_text(SPEC, self.spec.text)
+            self.store.write_json(OVERRIDES, overrides or {})
+            env = environment(self.spec.device, self.threads)
+            env.update(
+                gemm_flops_per_s=None,
+                dtype=self.spec.dtype,
+                experiment=self.spec.name,
+                spec_file=str(self.spec.path),
+                overrides=overrides or {},
+            )
+            self.store.write_json(ENV, env)
+        if not env.get("gemm_flops_per_s"):
+            self.console.print(
+                f"measuring {self.spec.dtype} GEMM throughput on {self.spec.device} "
+                f"({self.threads} threads)…"
+            )
+            env["gemm_flops_per_s"] = gemm_flops_per_second(
+                self.spec.device, self.spec.torch_dtype, threads=self.threads
+            )
+            self.store.write_json(ENV, env)
+        self.gemm_flops = env["gemm_flops_per_s"]
+        self.measurer = Measurer(self.spec, self.registry, self.threads, self.gemm_flops)
+
+    def pending(self) -> list[Cell]:
+        done = {row["cell"] for row in self.store.rows()}
+        return [cell for cell in plan(self.spec) if cell.id not in done]
+
+    def run(self, executor: Executor | None = None) -> tuple[int, bool]:
+        """Measure every pending cell on `executor` (default: the spec's); returns
+        (cells run, finished without interrupt)."""
+        cells = self.pending()
+        executor = executor or executor_for(self.spec)
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(elapsed_when_finished=True),
+        )
+        finished = 0
+
+        def record(row: dict[str, Any]) -> None:
+            nonlocal finished
+            self.store.append(row)
+            finished += 1
+            progress.advance(bar)
+
+        with Progress(*columns, console=self.console, transient=False) as progress:
+            self.measurer.progress = progress
+            self.progress = progress
+            bar = progress.add_task("cells", total=len(cells))
+            try:
+                executor.run(self, cells, record)
+            except KeyboardInterrupt:
+                return finished, False
+            finally:
+                self.measurer.progress = None
+        return finished, True
+
+    def describe(self, text: str) -> None:
+        """Say on the progress bar what is running now."""
+        if self.progress is not None:
+            self.progress.update(self.progress.task_ids[0], description=text)
+
+
+class LocalExecutor:
+    """This machine: the cost cells one at a time in this process, on the run's threads;
+    then the accuracy cells' seeds packed on one-thread worker processes (SeedPool), or
+    here, seed after seed, when one worker is asked for or only one core is usable."""
+
+    name = "local"
+
+    def __init__(self, accuracy_workers: int | None = None) -> None:
+        self.accuracy_workers = accuracy_workers
+        """None: the spec's `accuracy_workers`, else one per usable core on a CPU run."""
+
+    def workers(self, spec: Spec, seeds: int) -> int:
+        """Processes to train `seeds` pending seeds on; never more than there are seeds."""
+        wanted = self.accuracy_workers or spec.accuracy_workers
+        if wanted is None:
+            wanted = usable_cpus() if spec.device == "cpu" else 1
+        return max(1, min(wanted, seeds))
+
+    def run(
+        self, runner: Runner, cells: Sequence[Cell], record: Callable[[dict[str, Any]], None]
+    ) -> None:
+        measurer = runner.measurer
+        trained = [cell for cell in cells if cell.task is not None]
+        workers = self.workers(runner.spec, sum(len(cell.task.seeds) for cell in trained))
+        with using_threads(runner.threads):
+            try:
+                for cell in cells:
+                    if cell.task is None or workers == 1:
+                        runner.describe(cell.id)
+                        record(measurer.measure(cell))
+                if workers > 1 and trained:
+                    runner.describe(f"training seeds on {workers} workers")
+                    pool = SeedPool(runner.registry, workers)
+                    try:
+                        measurer.train_packed(trained, pool, record)
+                    finally:
+                        pool.close()
+            finally:
+                gc.unfreeze()  # what the cells froze may be collected again from now on
+
+
+def executor_for(spec: Spec) -> Executor:
+    """The executor a spec names; PlaygroundError saying how to install Ray when it names
+    ray and Ray is missing."""
+    if spec.executor == "ray":
+        from playground.ray_executor import RayExecutor
+
+        return RayExecutor(spec.address)
+    return LocalExecutor()

@@ -15,6 +15,9 @@ before anything runs. An error names the file and the key and says what would be
     threads = 2                          # torch threads to measure with (default: torch's own)
     accuracy_workers = 2                 # one-thread processes training accuracy seeds
                                          # side by side (default: one per core on a CPU)
+    executor = "local"                   # local | ray (pip install 'attention-playground[ray]')
+    address = "10.0.0.1:6379"            # the ray executor's cluster (default: RAY_ADDRESS,
+                                         # else a fresh local one)
     baseline = "vanilla"                 # speed-ups are against this variant point (default: none)
 
     [timing]
@@ -56,6 +59,8 @@ import torch
 from playground.config import build_config, field_types
 from playground.errors import ConfigError, PlaygroundError
 from playground.registry import Registry, bundled_dir
+
+EXECUTORS = ("local", "ray")
 
 DTYPES = {
     "float32": torch.float32,
@@ -138,6 +143,10 @@ class Spec:
     accuracy_workers: int | None = None
     """One-thread processes that train accuracy seeds side by side; 1 trains them in the
     runner's process on `threads`; None = one per usable core on a CPU, one on CUDA."""
+    executor: str = "local"
+    """Where the cells run: "local" (this machine) or "ray" (a Ray cluster)."""
+    address: str | None = None
+    """The ray executor's cluster; None = RAY_ADDRESS, else a fresh local cluster."""
     min_run_time: float = 0.2
     tasks: tuple[TaskRun, ...] = ()
     variant_options: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -166,6 +175,8 @@ _TOP_LEVEL: dict[str, Any] = {
     "seed": int,
     "threads": int,
     "accuracy_workers": int,
+    "executor": str,
+    "address": str,
     "baseline": str,
     "timing": dict,
     "tasks": list,
@@ -285,6 +296,8 @@ def load_spec(path: str | Path, registry: Registry) -> Spec:
         seed=data.get("seed", Spec.seed),
         threads=data.get("threads", Spec.threads),
         accuracy_workers=data.get("accuracy_workers", Spec.accuracy_workers),
+        executor=data.get("executor", Spec.executor),
+        address=data.get("address", Spec.address),
         min_run_time=float(timing.get("min_run_time", Spec.min_run_time)),
         tasks=tasks,
         variant_options=data.get("options", {}),
@@ -310,7 +323,7 @@ def _check_settings(data: dict[str, Any], fail: Callable[[str, str], typing.NoRe
             fail(f"timing.{key}", "unknown key" + _suggest(key, _TIMING))
         if not _is_instance(value, _TIMING[key]) or value <= 0:
             fail(f"timing.{key}", f"must be a positive number; got {value!r}")
-    for key, valid in (("dtype", DTYPES), ("device", ("cpu", "cuda"))):
+    for key, valid in (("dtype", DTYPES), ("device", ("cpu", "cuda")), ("executor", EXECUTORS)):
         if key in data and data[key] not in valid:
             fail(key, f"{data[key]!r} is not one of {', '.join(valid)}")
     for key, valid in (("passes", PASSES), ("measures", MEASURES)):
@@ -408,8 +421,15 @@ def apply_overrides(spec: Spec, registry: Registry, overrides: dict[str, Any]) -
         changes["dtype"] = overrides["dtype"]
     if overrides.get("threads"):
         changes["threads"] = overrides["threads"]
-    if overrides.get("accuracy_workers"):
-        changes["accuracy_workers"] = overrides["accuracy_workers"]
+    for key in ("accuracy_workers", "executor", "address"):
+        if overrides.get(key):
+            changes[key] = overrides[key]
+    executor = changes.get("executor", spec.executor)
+    if changes.get("address", spec.address) and executor != "ray":
+        raise SpecError(
+            f"an address is for the ray executor, and this run's executor is {executor!r}; "
+            f"add --executor ray (or drop --address)"
+        )
     if overrides.get("seq_lens"):
         repeated = _repeated(overrides["seq_lens"])
         if repeated:

@@ -86,7 +86,7 @@ def test_ctrl_c_during_the_gemm_resumes_only_the_cells_asked_for(
     assert f"playground run --resume {run_dir}" in capsys.readouterr().out
     monkeypatch.undo()
     assert main(["run", "--resume", str(run_dir)]) == 0
-    assert "2 cells (2 to run, on 1 threads)" in capsys.readouterr().out
+    assert "2 cells (2 to run, on 1 threads, local executor)" in capsys.readouterr().out
     rows = RunStore(run_dir).rows()
     assert {(row["variant"], row["seq_len"], row["threads"]) for row in rows} == {("vanilla", 8, 1)}
     assert len(rows) == 2

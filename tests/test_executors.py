@@ -1,16 +1,18 @@
 """The packed lane: accuracy seeds trained on one-thread worker processes give the rows
-the runner's own process gives, a researcher's plugin trains there, a worker that dies is
-retried once and then recorded, and Ctrl-C stops the workers."""
+the runner's own process gives, a plugin from a plugins directory trains there, a worker
+that dies is retried once and then recorded, and Ctrl-C stops the workers."""
 
 from __future__ import annotations
 
 import signal
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from playground.accuracy import AccuracyJob
+from playground.errors import PlaygroundError
 from playground.executors import SeedPool, SeedTask
 from playground.registry import Registry
 from playground.results import RunStore
@@ -38,13 +40,13 @@ SPEC = """
 """
 
 # A variant that kills the worker process training it: always, or only the first time
-# (it leaves a marker file beside itself), so the retry is seen to happen.
+# (it leaves a marker file), so the retry is seen to happen.
 DYING_PLUGIN = """
     import multiprocessing, os, signal
     from pathlib import Path
     import playground
 
-    MARKER = Path(__file__).with_suffix(".died")
+    MARKER = Path({marker!r})
 
     class Dying(playground.SoftmaxAttention):
         name, summary, paper = "dying", "kills its worker", "-"
@@ -61,27 +63,6 @@ DYING_PLUGIN = """
     def register_attention(register):
         register(Dying)
 """
-
-TABLE_PLUGIN = """
-    import torch
-    import playground
-
-    class Table(playground.SoftmaxAttention):
-        name, summary, paper = "table", "a learned bias per distance", "-"
-        additive_score_mod = True
-
-        def __init__(self, d_model=512, num_heads=8, **options):
-            super().__init__(d_model, num_heads, **options)
-            self.distance_bias = torch.nn.Parameter(torch.zeros(64))
-
-        def score_mod(self, score, b, h, q_idx, kv_idx):
-            return score + self.distance_bias[(q_idx - kv_idx).abs().clamp(max=63)]
-
-    @playground.hookimpl
-    def register_attention(register):
-        register(Table)
-"""
-
 
 def _run(tmp_path: Path, registry: Registry, workers: int, variant: str, steps: int = 3):
     path = tmp_path / f"spec-{workers}.toml"
@@ -108,20 +89,15 @@ def test_packed_seeds_give_the_rows_the_runner_gives(tmp_path):
         assert packed[key] == here[key], key
 
 
-def test_a_plugin_from_a_plugins_dir_trains_on_the_workers(tmp_path, write_plugin):
-    plugin = write_plugin("table.py", TABLE_PLUGIN)
-    registry = Registry.discover([plugin.parent], entry_points=False)
-    row = _run(tmp_path, registry, 2, "table")
-    assert row["status"] == "ok", row["error"]
-    assert len(row["accuracy_per_seed"]) == 2
-
-
 @pytest.mark.parametrize("once", [True, False], ids=["dies-once", "dies-always"])
 def test_a_seed_whose_worker_dies_is_retried_once_then_recorded(tmp_path, write_plugin, once):
-    plugin = write_plugin("dying.py", DYING_PLUGIN.format(once=once))
+    """The variant comes from a plugins directory, so it also shows that such a plugin
+    trains on the workers."""
+    marker = tmp_path / "dying.died"
+    plugin = write_plugin("dying.py", DYING_PLUGIN.format(once=once, marker=str(marker)))
     registry = Registry.discover([plugin.parent], entry_points=False)
     row = _run(tmp_path, registry, 2, "dying", steps=2)
-    assert plugin.with_suffix(".died").exists()  # it did kill a worker
+    assert marker.exists()  # it did kill a worker
     if once:
         assert row["status"] == "ok", row["error"]
     else:
@@ -150,3 +126,11 @@ def test_ctrl_c_stops_the_workers_and_propagates(tmp_path):
         pool.run(tasks, interrupt)
     assert seen == [0] and pool._pool is None
     assert [worker.exitcode for worker in workers] == [-signal.SIGKILL] * 2  # not waited for
+
+
+def test_asking_for_ray_without_it_says_how_to_install_it(monkeypatch):
+    from playground.ray_executor import RayExecutor
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    with pytest.raises(PlaygroundError, match=r"pip install 'attention-playground\[ray\]'"):
+        RayExecutor()

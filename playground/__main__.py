@@ -1,0 +1,5 @@
+"""`python -m playground`: the `playground` command."""
+
+from playground.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,292 @@
+"""The `ray` executor: a run's cells on a Ray cluster (Moritz et al. 2018, "Ray: A
+Distributed Framework for Emerging AI Applications").
+
+Two lanes, because timing and training want different things:
+
+- **Timing cells** (speed, memory, fidelity) run one at a time per node. Each task asks
+  for every CPU of the node it is pinned to, so nothing else (another timing cell, a
+  training seed) shares the node while it is measured. It runs on an explicit torch
+  thread count (the spec's, else the node's CPUs; Ray would otherwise leave
+  OMP_NUM_THREADS=1), and its efficiency is against *that node's* GEMM throughput,
+  measured once per node by a task pinned the same way.
+- **Accuracy seeds** are packed: one task per seed, one CPU and one thread each, wherever
+  Ray finds a free CPU.
+
+The driver is the only writer: it records each row as its task comes back, in the same
+format as the local executor, so `--resume` works across executors. Plugins travel in
+the registry's portable recipe (every plugin file's source), so a variant from
+`--plugins-dir` runs on a worker that does not share the driver's filesystem; the
+playground itself and any entry-point plugin must be installed on the workers. A worker
+that dies under a task (killed, out of memory) has the task retried once by Ray
+(`max_retries=1`), then the cell is recorded as `error` with the reason. Ctrl-C cancels
+what is still pending or running and keeps every finished row.
+"""
+
+from __future__ import annotations
+
+import collections
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from playground.errors import PlaygroundError
+from playground.executors import SeedOutcome, SeedTask, run_seed
+from playground.measure import gemm_flops_per_second, using_threads
+from playground.registry import LoadStep, Registry
+
+if TYPE_CHECKING:
+    from playground.runner import Cell, Runner
+    from playground.spec import Spec
+
+INSTALL_HINT = "pip install 'attention-playground[ray]' (or pip install ray)"
+
+
+def require_ray() -> Any:
+    """The ray module, or a PlaygroundError saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise PlaygroundError(
+            f"the ray executor needs Ray, which is not installed: {INSTALL_HINT}"
+        ) from None
+    return ray
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What a row says about the node that measured it."""
+
+    node_id: str
+    hostname: str
+    cpus: int
+    threads: int
+    """The torch threads its timing cells run on."""
+    gemm_flops: float | None
+    """Its GEMM throughput at `threads` (None when the run measures no speed)."""
+
+
+_registries: dict[int, Registry] = {}
+
+
+def _worker_registry(recipe: Sequence[LoadStep]) -> Registry:
+    """The registry of `recipe`, built once per worker process."""
+    key = hash(tuple(recipe))
+    if key not in _registries:
+        _registries[key] = Registry.from_recipe(recipe)
+    return _registries[key]
+
+
+def _missing_variant(registry: Registry, name: str) -> str | None:
+    """Why `name` is not registered on this worker, naming what failed to load there."""
+    if name in registry.names():
+        return None
+    errors = "; ".join(str(error) for error in registry.errors) or "no plugin registers it"
+    return (
+        f"variant {name!r} is not registered on Ray node {platform.node()} ({errors}); "
+        f"install what its plugin imports on every node"
+    )
+
+
+def _facts_on_node(node_id: str, cpus: int, threads: int, spec: Spec, speed: bool) -> NodeFacts:
+    gemm = (
+        gemm_flops_per_second(spec.device, spec.torch_dtype, threads=threads) if speed else None
+    )
+    return NodeFacts(node_id, platform.node(), cpus, threads, gemm)
+
+
+def _measure_on_node(
+    spec: Spec, recipe: Sequence[LoadStep], cell: Cell, facts: NodeFacts
+) -> dict[str, Any]:
+    from playground.runner import Measurer
+
+    registry = _worker_registry(recipe)
+    measurer = Measurer(spec, registry, facts.threads, facts.gemm_flops, node=facts.hostname)
+    missing = _missing_variant(registry, cell.variant.name)
+    with using_threads(facts.threads):
+        if missing:
+            row = measurer.row(cell)
+            now = time.time()
+            row.update(status="error", error=missing, started_at=now, finished_at=now, wall_s=0.0)
+        else:
+            row = measurer.measure(cell)
+    row["node_id"] = facts.node_id
+    return row
+
+
+def _train_on_node(recipe: Sequence[LoadStep], task: SeedTask) -> SeedOutcome:
+    torch.set_num_threads(1)
+    registry = _worker_registry(recipe)
+    missing = _missing_variant(registry, task.job.variant)
+    if missing:
+        now = time.time()
+        failure = {"status": "error", "error": missing}
+        return SeedOutcome(task, None, failure, platform.node(), 1, now, now)
+    return run_seed(registry, task)
+
+
+def _pinned(ray: Any, node_id: str) -> Any:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+
+
+def _cancel(ray: Any, refs: Sequence[Any]) -> None:
+    for ref in refs:
+        try:
+            ray.cancel(ref, force=True)
+        except Exception:  # already finished, or its worker is gone
+            pass
+
+
+class RaySeedLane:
+    """Seeds as Ray tasks, one CPU and one thread each."""
+
+    def __init__(self, ray: Any, recipe: Sequence[LoadStep]) -> None:
+        self.ray = ray
+        self.recipe = list(recipe)
+        self.remote = ray.remote(_train_on_node).options(num_cpus=1, max_retries=1)
+
+    def run(self, tasks: Sequence[SeedTask], done: Callable[[SeedOutcome], None]) -> None:
+        ray = self.ray
+        recipe = ray.put(self.recipe)
+        waiting = {self.remote.remote(recipe, task): task for task in tasks}
+        try:
+            while waiting:
+                ready, _ = ray.wait(list(waiting), num_returns=1)
+                for ref in ready:
+                    task = waiting.pop(ref)
+                    try:
+                        done(ray.get(ref))
+                    except ray.exceptions.RayError as error:  # the worker died, twice
+                        now = time.time()
+                        failure = {"status": "error", "error": _death(error, task.seed)}
+                        done(SeedOutcome(task, None, failure, "?", 1, now, now))
+        except BaseException:
+            _cancel(ray, list(waiting))
+            raise
+
+
+def _death(error: BaseException, seed: int | None = None) -> str:
+    what = "the cell" if seed is None else f"seed {seed}"
+    first = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
+    return (
+        f"the Ray worker running {what} failed after a retry: {type(error).__name__}: "
+        f"{first}; a kill or the out-of-memory killer does this"
+    )
+
+
+class RayExecutor:
+    """A Ray cluster: `address` of a running one (as `ray start` prints it), or None for
+    Ray's own choice: the cluster named by RAY_ADDRESS, else a fresh local one."""
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None) -> None:
+        self.address = address
+        require_ray()  # a missing install is refused before anything runs
+
+    def run(
+        self, runner: Runner, cells: Sequence[Cell], record: Callable[[dict[str, Any]], None]
+    ) -> None:
+        ray = require_ray()
+        started_here = not ray.is_initialized()
+        if started_here:
+            runner.describe("starting Ray" if self.address is None else f"joining {self.address}")
+            ray.init(
+                address=self.address, include_dashboard=False, log_to_driver=False
+            )
+        try:
+            recipe = runner.registry.portable_recipe()
+            costs = [cell for cell in cells if cell.task is None]
+            trained = [cell for cell in cells if cell.task is not None]
+            if costs:
+                self._measure_costs(ray, runner, recipe, costs, record)
+            if trained:
+                runner.describe("training seeds on Ray")
+                runner.measurer.train_packed(trained, RaySeedLane(ray, recipe), record)
+        finally:
+            if started_here:
+                ray.shutdown()
+
+    def nodes(self, ray: Any) -> list[tuple[str, int]]:
+        """(node id, CPUs) of every live node that has a CPU."""
+        found = [
+            (node["NodeID"], int(node["Resources"].get("CPU", 0)))
+            for node in ray.nodes()
+            if node.get("Alive")
+        ]
+        usable = [(node_id, cpus) for node_id, cpus in found if cpus >= 1]
+        if not usable:
+            raise PlaygroundError("the Ray cluster has no live node with a CPU")
+        return usable
+
+    def _measure_costs(
+        self,
+        ray: Any,
+        runner: Runner,
+        recipe: Sequence[LoadStep],
+        cells: Sequence[Cell],
+        record: Callable[[dict[str, Any]], None],
+    ) -> None:
+        """One timing cell at a time on each node, the node's every CPU reserved."""
+        spec = runner.spec
+        speed = "speed" in spec.measures
+        nodes = self.nodes(ray)
+        facts_task = ray.remote(_facts_on_node)
+        measure_task = ray.remote(_measure_on_node)
+        runner.describe(f"measuring the GEMM ceiling on {len(nodes)} Ray node(s)")
+        pending = [
+            facts_task.options(num_cpus=cpus, scheduling_strategy=_pinned(ray, node_id)).remote(
+                node_id, cpus, spec.threads or cpus, spec, speed
+            )
+            for node_id, cpus in nodes
+        ]
+        try:
+            facts: list[NodeFacts] = ray.get(pending)
+        except BaseException:
+            _cancel(ray, pending)
+            raise
+        recipe_ref = ray.put(list(recipe))
+        queue = collections.deque(cells)
+        free = list(facts)
+        running: dict[Any, tuple[NodeFacts, Cell]] = {}
+        try:
+            while queue or running:
+                while queue and free:
+                    node, cell = free.pop(), queue.popleft()
+                    options = {
+                        "num_cpus": node.cpus,
+                        "scheduling_strategy": _pinned(ray, node.node_id),
+                        "max_retries": 1,
+                    }
+                    ref = measure_task.options(**options).remote(spec, recipe_ref, cell, node)
+                    running[ref] = (node, cell)
+                runner.describe(f"{len(running)} timing cell(s) on {len(facts)} node(s)")
+                ready, _ = ray.wait(list(running), num_returns=1)
+                for ref in ready:
+                    node, cell = running.pop(ref)
+                    free.append(node)
+                    try:
+                        row = ray.get(ref)
+                    except ray.exceptions.RayError as error:
+                        row = runner.measurer.row(cell)
+                        now = time.time()
+                        row.update(
+                            status="error",
+                            error=_death(error),
+                            node=node.hostname,
+                            node_id=node.node_id,
+                            threads=node.threads,
+                            gemm_flops_per_s=node.gemm_flops,
+                            started_at=now,
+                            finished_at=now,
+                            wall_s=0.0,
+                        )
+                    record(row)
+        except BaseException:
+            _cancel(ray, list(running))
+            raise

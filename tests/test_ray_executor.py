@@ -1,0 +1,218 @@
+"""The ray executor against a real Ray: a local instance, and two nodes on this machine
+(`ray.cluster_utils.Cluster`). It yields the cells and statuses the local executor does,
+never overlaps two timing cells on one node, retries a cell whose worker died once and
+then records it, runs a plugin from a plugins directory on the workers, and resumes after
+Ctrl-C with every cell exactly once, across executors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from playground.registry import Registry
+from playground.results import RunStore
+from playground.runner import LocalExecutor, Runner, plan
+from playground.spec import load_spec
+from tests.test_executors import DYING_PLUGIN
+
+ray = pytest.importorskip("ray")
+# One worker runs them all, one after another, so they share one local Ray instance (and
+# its warm worker processes) instead of each starting its own.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
+from playground.ray_executor import RayExecutor  # noqa: E402
+
+SPEC = """
+    name = "onray"
+    seq_lens = [16, 32]
+    d_model = 16
+    num_heads = 2
+    passes = ["forward", "forward_backward"]
+    measures = ["speed", "memory", "fidelity", "accuracy"]
+    threads = 1
+
+    [timing]
+    min_run_time = 0.02
+
+    [[tasks]]
+    name = "lookback"
+    seq_len = 12
+    offset = 2
+    steps = 3
+    seeds = 2
+    d_model = 16
+    num_heads = 2
+    num_layers = 1
+
+    [[variants]]
+    name = "vanilla"
+
+    [[variants]]
+    name = "{second}"
+
+    [options.linformer]
+    seq_len = 8  # shorter than every length: its cells are unsupported
+    k = 4
+"""
+SMALL_STORE = 80 * 1024**2
+"""Object store per test instance: the tests move kilobytes."""
+
+
+@pytest.fixture
+def local_ray():
+    """This process's local Ray instance, started by the first test that asks for it and
+    left running for the next (Ray shuts it down at exit)."""
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, object_store_memory=SMALL_STORE, include_dashboard=False)
+
+
+def _run(
+    tmp_path: Path,
+    registry: Registry,
+    executor,
+    second: str = "linformer",
+    one_cell_each: bool = False,
+):
+    """The spec's rows on `executor`; `one_cell_each`: one length, one pass, one seed (a
+    worker that dies costs a new worker's start)."""
+    text = textwrap.dedent(SPEC.format(second=second))
+    if one_cell_each:
+        text = text.replace("seq_lens = [16, 32]", "seq_lens = [16]").replace(
+            '"forward", "forward_backward"', '"forward"'
+        ).replace("seeds = 2", "seeds = 1")
+    path = tmp_path / f"{executor.name}.toml"
+    path.write_text(text)
+    spec = load_spec(path, registry)
+    store = RunStore.create(tmp_path / executor.name, spec.name)
+    runner = Runner(spec, registry, store)
+    runner.start()
+    count, completed = runner.run(executor)
+    assert completed
+    return store.rows()
+
+
+def _on_ray(source: str) -> str:
+    """The dying plugin, dying in a Ray worker rather than in a SeedPool worker."""
+    return source.replace(
+        "multiprocessing.parent_process() is not None",
+        "ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE",
+    ).replace("import multiprocessing, os, signal", "import os, signal\n    import ray")
+
+
+def test_ray_runs_the_cells_the_local_executor_runs(tmp_path, local_ray):
+    registry = Registry.discover(entry_points=False)
+    here = _run(tmp_path, registry, LocalExecutor(accuracy_workers=1))
+    there = _run(tmp_path, registry, RayExecutor())
+    assert sorted((r["cell"], r["status"]) for r in there) == sorted(
+        (r["cell"], r["status"]) for r in here
+    )
+    assert {r["status"] for r in there} == {"ok", "unsupported"}  # linformer's length
+    node = ray.get_runtime_context().get_node_id()
+    for row in there:
+        assert row["node"] and row["threads"] >= 1
+        if "pass" in row and row["status"] == "ok":
+            assert row["node_id"] == node and row["threads"] == 1  # the spec's threads
+            assert row["gemm_flops_per_s"] > 0 and row["efficiency"] > 0
+
+
+def test_a_plugin_from_a_plugins_dir_runs_on_the_workers_and_a_death_is_retried(
+    tmp_path, write_plugin, local_ray
+):
+    marker = tmp_path / "dying.died"
+    source = DYING_PLUGIN.format(once=True, marker=str(marker))
+    plugin = write_plugin("dying.py", _on_ray(source))
+    registry = Registry.discover([plugin.parent], entry_points=False)
+    rows = _run(tmp_path, registry, RayExecutor(), second="dying")
+    dying = [row for row in rows if row["variant"] == "dying"]
+    assert marker.exists()  # a worker was killed under a cell...
+    assert dying and all(row["status"] == "ok" for row in dying), dying  # ...and retried
+
+
+def test_a_cell_whose_worker_always_dies_is_recorded_after_one_retry(
+    tmp_path, write_plugin, local_ray
+):
+    source = DYING_PLUGIN.format(once=False, marker=str(tmp_path / "dying.died"))
+    plugin = write_plugin("dying.py", _on_ray(source))
+    registry = Registry.discover([plugin.parent], entry_points=False)
+    rows = _run(tmp_path, registry, RayExecutor(), second="dying", one_cell_each=True)
+    dying = [row for row in rows if row["variant"] == "dying"]
+    assert dying and all(row["status"] == "error" for row in dying)
+    assert all("failed after a retry" in row["error"] for row in dying), dying[0]["error"]
+
+
+def test_two_nodes_never_overlap_two_timing_cells_on_one_node(tmp_path):
+    from ray.cluster_utils import Cluster
+
+    ray.shutdown()  # the shared local instance, if a test before this one started it
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "object_store_memory": SMALL_STORE},
+    )
+    cluster.add_node(num_cpus=1, object_store_memory=SMALL_STORE)
+    try:
+        ray.init(address=cluster.address)
+        registry = Registry.discover(entry_points=False)
+        rows = _run(tmp_path, registry, RayExecutor())
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    timing = [row for row in rows if "pass" in row and row["status"] == "ok"]
+    by_node: dict[str, list[tuple[float, float]]] = {}
+    for row in timing:
+        by_node.setdefault(row["node_id"], []).append((row["started_at"], row["finished_at"]))
+        assert row["gemm_flops_per_s"] > 0
+    assert len(by_node) == 2  # both nodes measured
+    for spans in by_node.values():
+        spans.sort()
+        for (_, end), (start, _) in zip(spans, spans[1:]):
+            assert start >= end, spans
+    assert all(len(spans) >= 1 for spans in by_node.values())
+
+
+def test_ctrl_c_keeps_finished_rows_and_a_resume_elsewhere_runs_each_cell_once(tmp_path):
+    spec = tmp_path / "interrupted.toml"
+    spec.write_text(
+        textwrap.dedent(SPEC.format(second="t5_relative"))
+        .replace("seq_lens = [16, 32]", "seq_lens = [16, 32, 48, 64, 96, 128]")
+        .replace("steps = 3", "steps = 40")
+    )
+    environment = dict(os.environ)
+    command = [sys.executable, "-m", "playground", "run", str(spec), "--out", str(tmp_path)]
+    driver = subprocess.Popen(
+        [*command, "--executor", "ray"],
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    rows_file = None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and driver.poll() is None:
+        found = list(tmp_path.glob("onray/*/results.jsonl"))
+        if found and found[0].read_text().count("\n") >= 2:
+            rows_file = found[0]
+            break
+        time.sleep(0.2)
+    assert rows_file is not None, driver.communicate()[0].decode()[-2000:]
+    driver.send_signal(signal.SIGINT)
+    output = driver.communicate(timeout=120)[0].decode()
+    assert driver.returncode == 130, output[-2000:]
+    kept = [json.loads(line) for line in rows_file.read_text().splitlines()]
+    assert kept and "playground run --resume" in output
+    resumed = subprocess.run(
+        [sys.executable, "-m", "playground", "run", "--resume", str(rows_file.parent),
+         "--executor", "local", "--accuracy-workers", "1"],
+        env=environment, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    cells = [json.loads(line)["cell"] for line in rows_file.read_text().splitlines()]
+    registry = Registry.discover(entry_points=False)
+    planned = {cell.id for cell in plan(load_spec(spec, registry))}
+    assert sorted(cells) == sorted(planned) and len(cells) == len(set(cells))
+    assert len(kept) < len(planned)  # the interrupt did leave work for the resume
