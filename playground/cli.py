@@ -33,7 +33,7 @@ from playground.report import write_report
 from playground.results import ENV, OVERRIDES, REJECTED, ROWS, SPEC, RunStore, unwritable
 from playground.runner import Executor, Runner, check_device, executor_for, plan
 from playground.spec import DTYPES, apply_overrides, load_spec
-from playground.summary import print_accuracy, print_summary, write_summary
+from playground.summary import print_accuracy, print_nodes, print_summary, write_summary
 
 # Piped output (CI logs, files) gets wide tables instead of rich's 80-column default.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
@@ -194,6 +194,7 @@ def _execute(
         lines = write_summary(store, runner.spec.baseline)
         print_summary(lines, console)
         print_accuracy(store.rows(), console)
+        print_nodes(store.rows(), console)
         if store.rows():
             _plot_and_report(registry, store.directory, None, ("png",))
     except KeyboardInterrupt:

@@ -18,8 +18,9 @@ the registry's portable recipe (every plugin file's source), so a variant from
 `--plugins-dir` runs on a worker that does not share the driver's filesystem; the
 playground itself and any entry-point plugin must be installed on the workers. A worker
 that dies under a task (killed, out of memory) has the task retried once by Ray
-(`max_retries=1`), then the cell is recorded as `error` with the reason. Ctrl-C cancels
-what is still pending or running and keeps every finished row.
+(`max_retries=1`), then the cell is recorded as `error` with the reason. Ctrl-C keeps
+every finished row and stops the rest: a cluster the run started is shut down, on one it
+joined the pending and running tasks are cancelled.
 """
 
 from __future__ import annotations
@@ -134,10 +135,15 @@ def _pinned(ray: Any, node_id: str) -> Any:
     return NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
 
 
-def _cancel(ray: Any, refs: Sequence[Any]) -> None:
+def _cancel(ray: Any, refs: Sequence[Any], owns_cluster: bool) -> None:
+    """Stop `refs`. A cluster this run started is shut down whole instead (by the caller):
+    cancelling a task whose reply is in flight can abort the driver in Ray's task manager
+    ("Tried to complete task that was not pending", seen with Ray 2.60)."""
+    if owns_cluster:
+        return
     for ref in refs:
         try:
-            ray.cancel(ref, force=True)
+            ray.cancel(ref)
         except Exception:  # already finished, or its worker is gone
             pass
 
@@ -145,9 +151,10 @@ def _cancel(ray: Any, refs: Sequence[Any]) -> None:
 class RaySeedLane:
     """Seeds as Ray tasks, one CPU and one thread each."""
 
-    def __init__(self, ray: Any, recipe: Sequence[LoadStep]) -> None:
+    def __init__(self, ray: Any, recipe: Sequence[LoadStep], owns_cluster: bool) -> None:
         self.ray = ray
         self.recipe = list(recipe)
+        self.owns_cluster = owns_cluster
         self.remote = ray.remote(_train_on_node).options(num_cpus=1, max_retries=1)
 
     def run(self, tasks: Sequence[SeedTask], done: Callable[[SeedOutcome], None]) -> None:
@@ -166,7 +173,7 @@ class RaySeedLane:
                         failure = {"status": "error", "error": _death(error, task.seed)}
                         done(SeedOutcome(task, None, failure, "?", 1, now, now))
         except BaseException:
-            _cancel(ray, list(waiting))
+            _cancel(ray, list(waiting), self.owns_cluster)
             raise
 
 
@@ -204,10 +211,11 @@ class RayExecutor:
             costs = [cell for cell in cells if cell.task is None]
             trained = [cell for cell in cells if cell.task is not None]
             if costs:
-                self._measure_costs(ray, runner, recipe, costs, record)
+                self._measure_costs(ray, runner, recipe, costs, record, started_here)
             if trained:
                 runner.describe("training seeds on Ray")
-                runner.measurer.train_packed(trained, RaySeedLane(ray, recipe), record)
+                lane = RaySeedLane(ray, recipe, owns_cluster=started_here)
+                runner.measurer.train_packed(trained, lane, record)
         finally:
             if started_here:
                 ray.shutdown()
@@ -231,6 +239,7 @@ class RayExecutor:
         recipe: Sequence[LoadStep],
         cells: Sequence[Cell],
         record: Callable[[dict[str, Any]], None],
+        owns_cluster: bool,
     ) -> None:
         """One timing cell at a time on each node, the node's every CPU reserved."""
         spec = runner.spec
@@ -248,7 +257,7 @@ class RayExecutor:
         try:
             facts: list[NodeFacts] = ray.get(pending)
         except BaseException:
-            _cancel(ray, pending)
+            _cancel(ray, pending, owns_cluster)
             raise
         recipe_ref = ray.put(list(recipe))
         queue = collections.deque(cells)
@@ -288,5 +297,5 @@ class RayExecutor:
                         )
                     record(row)
         except BaseException:
-            _cancel(ray, list(running))
+            _cancel(ray, list(running), owns_cluster)
             raise

@@ -174,6 +174,57 @@ def print_accuracy(rows: list[dict[str, Any]], console: Console) -> None:
     console.print(table)
 
 
+def node_facts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per node that measured timing cells: hostname, Ray node id, threads, its GEMM
+    throughput, its cells and their median efficiency. One entry per node of a
+    distributed run; a slower node shows as a lower GEMM figure with an efficiency like
+    the others' (the hardware), or a lower efficiency (something else on it)."""
+    nodes: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if "pass" not in row or row.get("status") != "ok":
+            continue
+        key = row.get("node_id") or row.get("node") or "?"
+        entry = nodes.setdefault(
+            key,
+            {
+                "node": row.get("node"),
+                "node_id": row.get("node_id"),
+                "threads": row.get("threads"),
+                "gemm_flops_per_s": row.get("gemm_flops_per_s"),
+                "cells": 0,
+                "efficiencies": [],
+            },
+        )
+        entry["cells"] += 1
+        if row.get("efficiency") is not None:
+            entry["efficiencies"].append(row["efficiency"])
+    for entry in nodes.values():
+        found = sorted(entry.pop("efficiencies"))
+        entry["median_efficiency"] = found[len(found) // 2] if found else None
+    return list(nodes.values())
+
+
+def print_nodes(rows: list[dict[str, Any]], console: Console) -> None:
+    """The node table, when more than one node measured the run's timing cells."""
+    nodes = node_facts(rows)
+    if len(nodes) < 2:
+        return
+    table = compact_table("Nodes (efficiency is against each node's own GEMM throughput)")
+    for column in ("node", "node id", "threads", "GEMM GFLOP/s", "cells", "median efficiency"):
+        table.add_column(column)
+    for node in nodes:
+        gemm = node["gemm_flops_per_s"]
+        table.add_row(
+            str(node["node"]),
+            (node["node_id"] or "-")[:12],
+            str(node["threads"]),
+            _format(None if gemm is None else gemm / 1e9, ".1f"),
+            str(node["cells"]),
+            _format(node["median_efficiency"], ".2f"),
+        )
+    console.print(table)
+
+
 SUMMARY_COLUMNS = (
     "variant",
     "pass",

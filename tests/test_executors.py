@@ -35,53 +35,67 @@ SPEC = """
     num_heads = 2
     num_layers = 1
 
-    [[variants]]
-    name = "{variant}"
-"""
+{variants}"""
 
-# A variant that kills the worker process training it: always, or only the first time
-# (it leaves a marker file), so the retry is seen to happen.
+# Variants that kill the worker process training them: `dying_once` only the first time
+# (it leaves a marker file, so the retry is seen to happen), `dying_always` every time.
 DYING_PLUGIN = """
     import multiprocessing, os, signal
     from pathlib import Path
     import playground
 
-    MARKER = Path({marker!r})
+    MARKERS = Path({markers!r})
 
-    class Dying(playground.SoftmaxAttention):
-        name, summary, paper = "dying", "kills its worker", "-"
-        once = {once}
+    def in_a_worker():
+        return multiprocessing.parent_process() is not None
+
+    class DyingOnce(playground.SoftmaxAttention):
+        name, summary, paper = "dying_once", "kills its worker the first time", "-"
+        once = True
 
         def forward(self, *arguments, **keywords):
-            in_worker = multiprocessing.parent_process() is not None
-            if in_worker and not (self.once and MARKER.exists()):
-                MARKER.touch()
+            marker = MARKERS / f"{{self.name}}.died"
+            if in_a_worker() and not (self.once and marker.exists()):
+                marker.touch()
                 os.kill(os.getpid(), signal.SIGKILL)
             return super().forward(*arguments, **keywords)
 
+    class DyingAlways(DyingOnce):
+        name, summary = "dying_always", "kills its worker every time"
+        once = False
+
     @playground.hookimpl
     def register_attention(register):
-        register(Dying)
+        register(DyingOnce)
+        register(DyingAlways)
 """
 
-def _run(tmp_path: Path, registry: Registry, workers: int, variant: str, steps: int = 3):
+
+def variants_table(*names: str) -> str:
+    return "".join(f'[[variants]]\nname = "{name}"\n' for name in names)
+
+
+def _run(
+    tmp_path: Path, registry: Registry, workers: int, *variants: str, steps: int = 3, seeds=2
+) -> dict[str, dict]:
+    text = textwrap.dedent(SPEC).format(workers=workers, steps=steps, variants="")
+    text = text.replace("seeds = 2", f"seeds = {seeds}") + variants_table(*variants)
     path = tmp_path / f"spec-{workers}.toml"
-    path.write_text(textwrap.dedent(SPEC.format(workers=workers, steps=steps, variant=variant)))
+    path.write_text(text)
     spec = load_spec(path, registry)
     store = RunStore.create(tmp_path / f"results-{workers}", spec.name)
     runner = Runner(spec, registry, store)
     runner.start()
     count, completed = runner.run()
-    assert completed and count == 1
-    (row,) = store.rows()
-    return row
+    assert completed and count == len(variants)
+    return {row["variant"]: row for row in store.rows()}
 
 
 def test_packed_seeds_give_the_rows_the_runner_gives(tmp_path):
     """Same seeds on one thread each: the same accuracies and losses, to the bit."""
     registry = Registry.discover(entry_points=False)
-    here = _run(tmp_path, registry, 1, "vanilla")
-    packed = _run(tmp_path, registry, 2, "vanilla")
+    here = _run(tmp_path, registry, 1, "vanilla")["vanilla"]
+    packed = _run(tmp_path, registry, 2, "vanilla")["vanilla"]
     for row in (here, packed):
         assert row["status"] == "ok", row["error"]
         assert row["threads"] == 1 and row["node"] and row["finished_at"] > row["started_at"]
@@ -89,20 +103,17 @@ def test_packed_seeds_give_the_rows_the_runner_gives(tmp_path):
         assert packed[key] == here[key], key
 
 
-@pytest.mark.parametrize("once", [True, False], ids=["dies-once", "dies-always"])
-def test_a_seed_whose_worker_dies_is_retried_once_then_recorded(tmp_path, write_plugin, once):
-    """The variant comes from a plugins directory, so it also shows that such a plugin
+def test_a_seed_whose_worker_dies_is_retried_once_then_recorded(tmp_path, write_plugin):
+    """The variants come from a plugins directory, so this also shows that such a plugin
     trains on the workers."""
-    marker = tmp_path / "dying.died"
-    plugin = write_plugin("dying.py", DYING_PLUGIN.format(once=once, marker=str(marker)))
+    plugin = write_plugin("dying.py", DYING_PLUGIN.format(markers=str(tmp_path)))
     registry = Registry.discover([plugin.parent], entry_points=False)
-    row = _run(tmp_path, registry, 2, "dying", steps=2)
-    assert marker.exists()  # it did kill a worker
-    if once:
-        assert row["status"] == "ok", row["error"]
-    else:
-        assert row["status"] == "error"
-        assert "died (2 attempts)" in row["error"] and "seed" in row["error"]
+    rows = _run(tmp_path, registry, 2, "dying_once", "dying_always", steps=2, seeds=1)
+    assert (tmp_path / "dying_once.died").exists()  # it did kill a worker...
+    assert rows["dying_once"]["status"] == "ok", rows["dying_once"]["error"]  # ...retried
+    always = rows["dying_always"]
+    assert always["status"] == "error"
+    assert "died (2 attempts)" in always["error"] and "seed 0" in always["error"]
 
 
 def test_ctrl_c_stops_the_workers_and_propagates(tmp_path):

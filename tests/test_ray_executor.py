@@ -21,7 +21,8 @@ from playground.registry import Registry
 from playground.results import RunStore
 from playground.runner import LocalExecutor, Runner, plan
 from playground.spec import load_spec
-from tests.test_executors import DYING_PLUGIN
+from playground.summary import node_facts
+from tests.test_executors import DYING_PLUGIN, variants_table
 
 ray = pytest.importorskip("ray")
 # One worker runs them all, one after another, so they share one local Ray instance (and
@@ -73,17 +74,12 @@ def local_ray():
         ray.init(num_cpus=2, object_store_memory=SMALL_STORE, include_dashboard=False)
 
 
-def _run(
-    tmp_path: Path,
-    registry: Registry,
-    executor,
-    second: str = "linformer",
-    one_cell_each: bool = False,
-):
-    """The spec's rows on `executor`; `one_cell_each`: one length, one pass, one seed (a
-    worker that dies costs a new worker's start)."""
-    text = textwrap.dedent(SPEC.format(second=second))
-    if one_cell_each:
+def _run(tmp_path: Path, registry: Registry, executor, *variants: str):
+    """The spec's rows on `executor`; with `variants`, those variants at one length, one
+    pass and one seed (a worker that dies costs a new worker's start)."""
+    text = textwrap.dedent(SPEC.format(second="linformer"))
+    if variants:
+        text = text[: text.index("[[variants]]")] + variants_table(*variants)
         text = text.replace("seq_lens = [16, 32]", "seq_lens = [16]").replace(
             '"forward", "forward_backward"', '"forward"'
         ).replace("seeds = 2", "seeds = 1")
@@ -99,7 +95,7 @@ def _run(
 
 
 def _on_ray(source: str) -> str:
-    """The dying plugin, dying in a Ray worker rather than in a SeedPool worker."""
+    """The dying plugins, dying in a Ray worker rather than in a SeedPool worker."""
     return source.replace(
         "multiprocessing.parent_process() is not None",
         "ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE",
@@ -122,29 +118,18 @@ def test_ray_runs_the_cells_the_local_executor_runs(tmp_path, local_ray):
             assert row["gemm_flops_per_s"] > 0 and row["efficiency"] > 0
 
 
-def test_a_plugin_from_a_plugins_dir_runs_on_the_workers_and_a_death_is_retried(
+def test_a_plugin_from_a_plugins_dir_runs_on_the_workers_and_a_death_is_retried_once(
     tmp_path, write_plugin, local_ray
 ):
-    marker = tmp_path / "dying.died"
-    source = DYING_PLUGIN.format(once=True, marker=str(marker))
-    plugin = write_plugin("dying.py", _on_ray(source))
+    plugin = write_plugin("dying.py", _on_ray(DYING_PLUGIN.format(markers=str(tmp_path))))
     registry = Registry.discover([plugin.parent], entry_points=False)
-    rows = _run(tmp_path, registry, RayExecutor(), second="dying")
-    dying = [row for row in rows if row["variant"] == "dying"]
-    assert marker.exists()  # a worker was killed under a cell...
-    assert dying and all(row["status"] == "ok" for row in dying), dying  # ...and retried
-
-
-def test_a_cell_whose_worker_always_dies_is_recorded_after_one_retry(
-    tmp_path, write_plugin, local_ray
-):
-    source = DYING_PLUGIN.format(once=False, marker=str(tmp_path / "dying.died"))
-    plugin = write_plugin("dying.py", _on_ray(source))
-    registry = Registry.discover([plugin.parent], entry_points=False)
-    rows = _run(tmp_path, registry, RayExecutor(), second="dying", one_cell_each=True)
-    dying = [row for row in rows if row["variant"] == "dying"]
-    assert dying and all(row["status"] == "error" for row in dying)
-    assert all("failed after a retry" in row["error"] for row in dying), dying[0]["error"]
+    rows = _run(tmp_path, registry, RayExecutor(), "dying_once", "dying_always")
+    assert (tmp_path / "dying_once.died").exists()  # a worker was killed under a cell...
+    once = [row for row in rows if row["variant"] == "dying_once"]
+    assert once and all(row["status"] == "ok" for row in once), once  # ...and retried
+    always = [row for row in rows if row["variant"] == "dying_always"]
+    assert always and all(row["status"] == "error" for row in always)
+    assert all("failed after a retry" in row["error"] for row in always), always[0]["error"]
 
 
 def test_two_nodes_never_overlap_two_timing_cells_on_one_node(tmp_path):
@@ -173,15 +158,21 @@ def test_two_nodes_never_overlap_two_timing_cells_on_one_node(tmp_path):
         spans.sort()
         for (_, end), (start, _) in zip(spans, spans[1:]):
             assert start >= end, spans
-    assert all(len(spans) >= 1 for spans in by_node.values())
+    nodes = node_facts(rows)  # what the run prints: one line per node, its own GEMM
+    assert sorted(node["node_id"] for node in nodes) == sorted(by_node)
+    assert all(node["gemm_flops_per_s"] > 0 and node["cells"] >= 1 for node in nodes)
 
 
 def test_ctrl_c_keeps_finished_rows_and_a_resume_elsewhere_runs_each_cell_once(tmp_path):
     spec = tmp_path / "interrupted.toml"
     spec.write_text(
-        textwrap.dedent(SPEC.format(second="t5_relative"))
-        .replace("seq_lens = [16, 32]", "seq_lens = [16, 32, 48, 64, 96, 128]")
-        .replace("steps = 3", "steps = 40")
+        textwrap.dedent(SPEC.format(second="vanilla")).split("[[variants]]")[0]
+        + variants_table("vanilla")
+    )
+    spec.write_text(
+        spec.read_text()
+        .replace("seq_lens = [16, 32]", "seq_lens = [16, 32, 48, 64, 96, 128, 160, 192]")
+        .replace('"fidelity", "accuracy"]', '"fidelity"]')  # costs only: a quick resume
     )
     environment = dict(os.environ)
     command = [sys.executable, "-m", "playground", "run", str(spec), "--out", str(tmp_path)]
@@ -207,7 +198,7 @@ def test_ctrl_c_keeps_finished_rows_and_a_resume_elsewhere_runs_each_cell_once(t
     assert kept and "playground run --resume" in output
     resumed = subprocess.run(
         [sys.executable, "-m", "playground", "run", "--resume", str(rows_file.parent),
-         "--executor", "local", "--accuracy-workers", "1"],
+         "--executor", "local"],
         env=environment, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
