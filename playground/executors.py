@@ -10,8 +10,8 @@ only writer: it composes a cell's row when its last seed is back.
 
 Workers are spawned, not forked: a forked child inherits the parent's OpenMP thread pool
 in a state it cannot use. A worker that dies (killed, out of memory) breaks the pool; the
-seeds that were running then are retried once on a fresh pool, and recorded as `error`
-with the reason when they fail again.
+seeds that were running then are retried one at a time on a pool of their own, so a seed
+is recorded as `error` (with the reason) only when it kills its worker again, alone.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from playground.errors import failure_fields
 from playground.registry import LoadStep, Registry
 
 RETRIES = 1
-"""Further attempts for a seed whose worker died under it."""
+"""Further attempts, alone, for a seed whose worker died under it."""
 IDLE_BREAKS = 3
 """Pool breaks a seed may see before it was seen running (it may have died within one
-poll) before each further break counts as an attempt."""
+poll) before it is treated as a suspect."""
 
 
 @dataclass(frozen=True)
@@ -127,16 +127,18 @@ class SeedPool:
         self.recipe = list(registry.recipe)
         self.workers = workers
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._size = 0
 
-    def _fresh_pool(self) -> concurrent.futures.ProcessPoolExecutor:
+    def _fresh_pool(self, workers: int) -> concurrent.futures.ProcessPoolExecutor:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
         self._pool = concurrent.futures.ProcessPoolExecutor(
-            self.workers,
+            workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_start_worker,
             initargs=(self.recipe,),
         )
+        self._size = workers
         return self._pool
 
     def worker_pids(self) -> list[int]:
@@ -147,43 +149,64 @@ class SeedPool:
 
     def run(self, tasks: Sequence[SeedTask], done: Callable[[SeedOutcome], None]) -> None:
         """Train every task, calling `done` with each outcome as it comes back (in the
-        order they finish). KeyboardInterrupt stops the workers and propagates."""
-        attempts: Counter[tuple[str, int]] = Counter()  # by (cell, seed)
+        order they finish). KeyboardInterrupt stops the workers and propagates.
+
+        A death breaks the whole pool, so it does not say whose seed killed it: the seeds
+        that were running then are suspects, retried one at a time on a pool of their own,
+        where a death is the seed's own (its second: recorded as `error`). The seeds that
+        had not started go back to the queue."""
         idle_breaks: Counter[tuple[str, int]] = Counter()  # broken before seen running
         queue = list(tasks)
         try:
             while queue:
-                pool = self._pool if self._pool is not None else self._fresh_pool()
-                futures = {pool.submit(_run_in_worker, task): task for task in queue}
-                queue = []
-                waiting = set(futures)
-                while waiting:
-                    running = {future for future in waiting if future.running()}
-                    finished, waiting = concurrent.futures.wait(
-                        waiting, timeout=0.5, return_when=concurrent.futures.FIRST_COMPLETED
-                    )
-                    for future in finished:
-                        task = futures[future]
-                        key = (task.cell, task.seed)
-                        error = future.exception()
-                        if error is None:
-                            done(future.result())
-                        elif not isinstance(error, BrokenProcessPool):
-                            raise error  # the worker's own plumbing failed, not the seed
-                        elif future not in running and idle_breaks[key] < IDLE_BREAKS:
-                            idle_breaks[key] += 1  # not started yet: no attempt spent
-                            queue.append(task)
-                        else:
-                            attempts[key] += 1
-                            if attempts[key] > RETRIES:
-                                done(_died(task, error, attempts[key]))
-                            else:
-                                queue.append(task)
-                if queue:
-                    self._fresh_pool()
+                queue, suspects = self._round(self.workers, queue, done, idle_breaks)
+                for task, _ in suspects:
+                    _, died = self._round(1, [task], done, idle_breaks, alone=True)
+                    for again, error in died:
+                        done(_died(again, error, 1 + RETRIES))
         except BaseException:
             self.close(kill=True)
             raise
+
+    def _round(
+        self,
+        workers: int,
+        tasks: Sequence[SeedTask],
+        done: Callable[[SeedOutcome], None],
+        idle_breaks: Counter[tuple[str, int]],
+        alone: bool = False,
+    ) -> tuple[list[SeedTask], list[tuple[SeedTask, BaseException]]]:
+        """Run `tasks` on a pool of `workers`; returns (not started when the pool broke,
+        suspects with the error). `alone`: every broken task is a suspect."""
+        if self._pool is None or self._size != workers:
+            self._fresh_pool(workers)
+        assert self._pool is not None
+        futures = {self._pool.submit(_run_in_worker, task): task for task in tasks}
+        requeue: list[SeedTask] = []
+        suspects: list[tuple[SeedTask, BaseException]] = []
+        waiting = set(futures)
+        while waiting:
+            running = {future for future in waiting if future.running()}
+            finished, waiting = concurrent.futures.wait(
+                waiting, timeout=0.5, return_when=concurrent.futures.FIRST_COMPLETED
+            )
+            for future in finished:
+                task = futures[future]
+                key = (task.cell, task.seed)
+                error = future.exception()
+                if error is None:
+                    done(future.result())
+                elif not isinstance(error, BrokenProcessPool):
+                    raise error  # the worker's own plumbing failed, not the seed
+                elif alone or future in running or idle_breaks[key] >= IDLE_BREAKS:
+                    suspects.append((task, error))
+                else:
+                    idle_breaks[key] += 1  # not started yet: no attempt spent
+                    requeue.append(task)
+        if requeue or suspects:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        return requeue, suspects
 
     def close(self, kill: bool = False) -> None:
         """Shut the workers down; `kill` stops the ones still training."""
