@@ -112,7 +112,8 @@ def _died(task: SeedTask, error: BaseException, attempts: int) -> SeedOutcome:
     now = time.time()
     failure = {
         "status": "error",
-        "error": f"the worker process training seed {task.seed} died ({attempts} attempts): "
+        "error": f"the worker process training seed {task.seed} died ({attempts} times "
+        f"alone or as the only seed running): "
         f"{type(error).__name__}: {error}; a kill or the out-of-memory killer does this",
     }
     return SeedOutcome(task, None, failure, platform.node(), 1, now, now)
@@ -153,17 +154,26 @@ class SeedPool:
 
         A death breaks the whole pool, so it does not say whose seed killed it: the seeds
         that were running then are suspects, retried one at a time on a pool of their own,
-        where a death is the seed's own (its second: recorded as `error`). The seeds that
-        had not started go back to the queue."""
+        where a death is surely the seed's own (as it is when it was the only one
+        running). A seed whose own deaths exceed RETRIES is recorded as `error`. The seeds
+        that had not started go back to the queue."""
         idle_breaks: Counter[tuple[str, int]] = Counter()  # broken before seen running
+        deaths: Counter[tuple[str, int]] = Counter()  # deaths that were surely its own
         queue = list(tasks)
         try:
             while queue:
                 queue, suspects = self._round(self.workers, queue, done, idle_breaks)
-                for task, _ in suspects:
-                    _, died = self._round(1, [task], done, idle_breaks, alone=True)
-                    for again, error in died:
-                        done(_died(again, error, 1 + RETRIES))
+                for task, error in suspects:
+                    key = (task.cell, task.seed)
+                    deaths[key] += len(suspects) == 1  # the only one running: its own
+                    while deaths[key] <= RETRIES:
+                        _, died = self._round(1, [task], done, idle_breaks, alone=True)
+                        if not died:
+                            break  # it trained alone (done has its outcome)
+                        deaths[key] += 1
+                        error = died[0][1]
+                    else:
+                        done(_died(task, error, deaths[key]))
         except BaseException:
             self.close(kill=True)
             raise

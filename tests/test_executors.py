@@ -113,7 +113,7 @@ def test_a_seed_whose_worker_dies_is_retried_once_then_recorded(tmp_path, write_
     assert rows["dying_once"]["status"] == "ok", rows["dying_once"]["error"]  # ...retried
     always = rows["dying_always"]
     assert always["status"] == "error"
-    assert "died (2 attempts)" in always["error"] and "seed 0" in always["error"]
+    assert "died (2 times" in always["error"] and "seed 0" in always["error"]
 
 
 def test_ctrl_c_stops_the_workers_and_propagates(tmp_path):
