@@ -129,7 +129,7 @@ def _train_on_node(recipe: Sequence[LoadStep], task: SeedTask) -> SeedOutcome:
     return run_seed(registry, task)
 
 
-def _pinned(ray: Any, node_id: str) -> Any:
+def _pinned(node_id: str) -> Any:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     return NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
@@ -249,7 +249,7 @@ class RayExecutor:
         measure_task = ray.remote(_measure_on_node)
         runner.describe(f"measuring the GEMM ceiling on {len(nodes)} Ray node(s)")
         pending = [
-            facts_task.options(num_cpus=cpus, scheduling_strategy=_pinned(ray, node_id)).remote(
+            facts_task.options(num_cpus=cpus, scheduling_strategy=_pinned(node_id)).remote(
                 node_id, cpus, spec.threads or cpus, spec, speed
             )
             for node_id, cpus in nodes
@@ -269,7 +269,7 @@ class RayExecutor:
                     node, cell = free.pop(), queue.popleft()
                     options = {
                         "num_cpus": node.cpus,
-                        "scheduling_strategy": _pinned(ray, node.node_id),
+                        "scheduling_strategy": _pinned(node.node_id),
                         "max_retries": 1,
                     }
                     ref = measure_task.options(**options).remote(spec, recipe_ref, cell, node)
