@@ -1,5 +1,6 @@
 """Accuracy of a variant on a task: a tiny Transformer trained per seed, scored on the
-held-out split, summarised as mean ± standard deviation over seeds.
+held-out split, summarised over seeds as the mean with its 95% Student-t interval (and
+the standard deviation and every seed's value).
 
 An `AccuracyJob` names the work in plain values; `prepare` makes it concrete (and raises
 UnsupportedFeature before any training when the variant cannot do what the task needs:
@@ -22,6 +23,7 @@ from rich.progress import Progress
 from playground.errors import ConfigError, UnsupportedFeature
 from playground.model import ModelConfig, TransformerClassifier, describe
 from playground.registry import Registry
+from playground.stats import interval_half_width
 from playground.tasks import Task
 from playground.training import TrainConfig, evaluate, majority_rate, train
 
@@ -110,7 +112,9 @@ def measure_accuracy(
     """
     prepared = prepare(registry, job)
     if not seeds:
-        raise ConfigError("seeds is empty; give at least one seed (three for a mean ± std)")
+        raise ConfigError(
+            "seeds is empty; give at least one seed (three or more for a confidence interval)"
+        )
     own_progress = Progress(transient=True) if progress is True else None
     bars = own_progress or (progress if isinstance(progress, Progress) else None)
     if own_progress is not None:
@@ -163,7 +167,8 @@ def train_seed(
 def row_fields(
     prepared: Prepared, seeds: Sequence[int], results: Sequence[SeedResult]
 ) -> dict[str, Any]:
-    """The result row's accuracy fields: mean ± std over seeds, and what they came from."""
+    """The result row's accuracy fields: mean, 95% half-width and std over seeds, each
+    seed's value, and what they came from."""
     task, training = prepared.task, prepared.training
     accuracies = [result.accuracy for result in results]
     return {
@@ -171,6 +176,7 @@ def row_fields(
         "task_options": dataclasses.asdict(task.options),
         "task_label": task.label,
         "accuracy_mean": statistics.fmean(accuracies),
+        "accuracy_ci95": interval_half_width(accuracies),
         "accuracy_std": statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0,
         "accuracy_per_seed": accuracies,
         "seeds": list(seeds),

@@ -176,9 +176,7 @@ def _interrupted(store: RunStore, count: int | None = None) -> int:
     return 130
 
 
-def _execute(
-    registry: Registry, store: RunStore, spec, overrides: dict, executor: Executor
-) -> int:
+def _execute(registry: Registry, store: RunStore, spec, overrides: dict, executor: Executor) -> int:
     runner = Runner(spec, registry, store, console)
     try:
         runner.start(overrides)

@@ -17,6 +17,7 @@ is recorded as `error` (with the reason) only when it kills its worker again, al
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import multiprocessing
 import os
 import platform
@@ -224,9 +225,7 @@ class SeedPool:
             return
         if kill:
             for pid in self.worker_pids():
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._pool = None

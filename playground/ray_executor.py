@@ -26,6 +26,7 @@ joined the pending and running tasks are cancelled.
 from __future__ import annotations
 
 import collections
+import contextlib
 import platform
 import time
 from collections.abc import Callable, Sequence
@@ -93,9 +94,7 @@ def _missing_variant(registry: Registry, name: str) -> str | None:
 
 
 def _facts_on_node(node_id: str, cpus: int, threads: int, spec: Spec, speed: bool) -> NodeFacts:
-    gemm = (
-        gemm_flops_per_second(spec.device, spec.torch_dtype, threads=threads) if speed else None
-    )
+    gemm = gemm_flops_per_second(spec.device, spec.torch_dtype, threads=threads) if speed else None
     return NodeFacts(node_id, platform.node(), cpus, threads, gemm)
 
 
@@ -142,10 +141,8 @@ def _cancel(ray: Any, refs: Sequence[Any], owns_cluster: bool) -> None:
     if owns_cluster:
         return
     for ref in refs:
-        try:
+        with contextlib.suppress(Exception):  # already finished, or its worker is gone
             ray.cancel(ref)
-        except Exception:  # already finished, or its worker is gone
-            pass
 
 
 class RaySeedLane:
@@ -203,9 +200,7 @@ class RayExecutor:
         started_here = not ray.is_initialized()
         if started_here:
             runner.describe("starting Ray" if self.address is None else f"joining {self.address}")
-            ray.init(
-                address=self.address, include_dashboard=False, log_to_driver=False
-            )
+            ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
         try:
             recipe = runner.registry.portable_recipe()
             costs = [cell for cell in cells if cell.task is None]

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from playground.plots.data import OK, Run, load_run
+from playground.stats import accuracy_interval, format_interval
 from playground.summary import (
     EXPONENT_COLUMNS,
     SUMMARY_COLUMNS,
@@ -69,18 +70,27 @@ def exponent_table(lines: Sequence[Line]) -> Table:
 
 def accuracy_table(rows: Iterable[dict[str, Any]]) -> Table:
     """One row per (variant point, task)."""
-    header = ["variant", "task", "accuracy", "chance", "seeds", "steps", "train s", "status"]
+    header = [
+        "variant",
+        "task",
+        "accuracy (mean ± 95% CI)",
+        "per seed",
+        "chance",
+        "steps",
+        "train s",
+        "status",
+    ]
     table = []
     for row in rows:
-        mean, std = row.get("accuracy_mean"), row.get("accuracy_std")
-        accuracy = "-" if mean is None else f"{mean:.3f} ± {std or 0.0:.3f}"
+        mean = row.get("accuracy_mean")
+        accuracy = "-" if mean is None else format_interval(mean, accuracy_interval(row))
         table.append(
             [
                 row["label"],
                 str(row.get("task_label") or row["task"]),
                 accuracy,
                 _number(row.get("chance"), ".3f"),
-                str(len(row.get("accuracy_per_seed") or [])),
+                ", ".join(f"{a:.3f}" for a in row.get("accuracy_per_seed") or []) or "-",
                 str(row.get("steps", "-")),
                 _number(row.get("train_time_s"), ".1f"),
                 str(row.get("status", OK)),
@@ -161,7 +171,9 @@ def _sections(run: Run) -> list[tuple[str, Table]]:
         )
         sections.append(("Scaling: fitted exponent of time and memory vs n", exponent_table(lines)))
     if run.accuracy:
-        sections.append(("Accuracy (mean ± std over seeds)", accuracy_table(run.accuracy)))
+        sections.append(
+            ("Accuracy (mean ± 95% Student-t interval over seeds)", accuracy_table(run.accuracy))
+        )
     if run.failed:
         sections.append(("Failed cells", failure_table(run.failed)))
     return sections

@@ -16,8 +16,8 @@ from __future__ import annotations
 import gc
 import platform
 import time
-from dataclasses import dataclass
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from playground.measure import fit_exponent
 from playground.results import ACCURACY, SUMMARY, RunStore
+from playground.stats import accuracy_interval, format_interval
 
 OK = "ok"
 PASS_TITLES = {"forward": "forward", "forward_backward": "forward + backward"}
@@ -112,6 +113,7 @@ ACCURACY_COLUMNS = (
     "task_label",
     "status",
     "accuracy_mean",
+    "accuracy_ci95",
     "accuracy_std",
     "accuracy_per_seed",
     "chance",
@@ -153,11 +155,11 @@ def _format(value: float | None, spec: str) -> str:
 
 
 def print_accuracy(rows: list[dict[str, Any]], console: Console) -> None:
-    """variant × task: accuracy mean ± std over seeds, against chance."""
+    """variant × task: accuracy mean ± 95% interval over seeds, each seed, chance."""
     accuracy = accuracy_rows(rows)
     if not accuracy:
         return
-    table = Table(title="Accuracy on held-out examples (mean ± std over seeds)")
+    table = Table(title="Accuracy on held-out examples (mean ± 95% Student-t interval over seeds)")
     for column in ("task", "variant", "accuracy", "seeds", "chance", "train s/seed", "status"):
         table.add_column(column)
     for row in accuracy:
@@ -165,7 +167,7 @@ def print_accuracy(rows: list[dict[str, Any]], console: Console) -> None:
         table.add_row(
             row["task_label"],
             row["label"],
-            f"{row['accuracy_mean']:.3f} ± {row['accuracy_std']:.3f}" if ok else "-",
+            format_interval(row["accuracy_mean"], accuracy_interval(row)) if ok else "-",
             ", ".join(f"{a:.3f}" for a in row["accuracy_per_seed"]) if ok else "-",
             _format(row["chance"], ".3f"),
             _format(row["train_time_s"], ".1f"),

@@ -79,7 +79,8 @@ def accuracy(label: str, variant: str, task: str, mean: float | None, status: st
         "task_options": {"seq_len": 64},
         "task_label": f"{task}(64)",
         "accuracy_mean": mean,
-        "accuracy_std": None if mean is None else 0.04,
+        "accuracy_ci95": None if mean is None else 0.124,  # t(0.975; 2) · 0.05 / √3
+        "accuracy_std": None if mean is None else 0.05,
         "accuracy_per_seed": seeds,
         "chance": 0.1,
         "steps": 200,

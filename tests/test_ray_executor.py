@@ -6,6 +6,7 @@ Ctrl-C with every cell exactly once, across executors."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -28,6 +29,7 @@ ray = pytest.importorskip("ray")
 # One worker runs them all, one after another, so they share one local Ray instance (and
 # its warm worker processes) instead of each starting its own.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
+
 from playground.ray_executor import RayExecutor  # noqa: E402
 
 SPEC = """
@@ -80,16 +82,18 @@ def _run(tmp_path: Path, registry: Registry, executor, *variants: str):
     text = textwrap.dedent(SPEC.format(second="linformer"))
     if variants:
         text = text[: text.index("[[variants]]")] + variants_table(*variants)
-        text = text.replace("seq_lens = [16, 32]", "seq_lens = [16]").replace(
-            '"forward", "forward_backward"', '"forward"'
-        ).replace("seeds = 2", "seeds = 1")
+        text = (
+            text.replace("seq_lens = [16, 32]", "seq_lens = [16]")
+            .replace('"forward", "forward_backward"', '"forward"')
+            .replace("seeds = 2", "seeds = 1")
+        )
     path = tmp_path / f"{executor.name}.toml"
     path.write_text(text)
     spec = load_spec(path, registry)
     store = RunStore.create(tmp_path / executor.name, spec.name)
     runner = Runner(spec, registry, store)
     runner.start()
-    count, completed = runner.run(executor)
+    _count, completed = runner.run(executor)
     assert completed
     return store.rows()
 
@@ -156,7 +160,7 @@ def test_two_nodes_never_overlap_two_timing_cells_on_one_node(tmp_path):
     assert len(by_node) == 2  # both nodes measured
     for spans in by_node.values():
         spans.sort()
-        for (_, end), (start, _) in zip(spans, spans[1:]):
+        for (_, end), (start, _) in itertools.pairwise(spans):
             assert start >= end, spans
     nodes = node_facts(rows)  # what the run prints: one line per node, its own GEMM
     assert sorted(node["node_id"] for node in nodes) == sorted(by_node)

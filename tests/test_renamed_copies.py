@@ -43,7 +43,9 @@ PLUGINS = sorted(p for p in bundled_dir("plugins").glob("*.py") if not p.name.st
 LIBRARIES = ("F", "torch", "nn", "functional", "math", "einops", "playground", "dataclasses")
 """`owner.name` keeps its name on these owners (`F.dropout`): what the plugin calls there
 is not its own."""
-TIMES = re.compile(r"time|wall_s|_at$|gflops|efficiency|timed_runs|label|variant|options|^cell$|gemm")
+TIMES = re.compile(
+    r"time|wall_s|_at$|gflops|efficiency|timed_runs|label|variant|options|^cell$|gemm"
+)
 """Row fields that differ by name or by timing: everything else must be identical."""
 
 

@@ -72,7 +72,8 @@ def test_html_is_valid_and_self_contained(report) -> None:
     text = "".join(checker.text)
     assert "oom: synthetic <failure> & more" in text  # the error, shown as text
     assert "invalid: synthetic <failure> & more" in text  # invalid cells are failures too
-    assert "accuracy" in text.lower() and "0.900 ± 0.040" in text
+    assert "accuracy" in text.lower() and "0.900 ± 0.124" in text  # the 95% interval
+    assert "0.850, 0.900, 0.950" in text  # and every seed
     assert 'name = "synthetic"' in text  # the spec
     assert "Test CPU" in text  # the environment
 

@@ -220,10 +220,21 @@ def test_default_scale_and_flops():
 
 def test_contract_suite_with_default_options():
     """The contract suite runs with small buckets (suite_options); T5's default buckets
-    pass too. (Blocks, partial and causal, are the suite options' 5; one block here keeps
+    pass the checks they bear on too: parity of the fast path, causality, gradients,
+    padding. (Blocks, partial and causal, are the suite options' 5; one block here keeps
     the suite from testing n = block_size + 1, which the default would make 257.)"""
+    from playground.testing import checks
+
     report = check_attention(
-        "t5_relative", options={"num_buckets": 32, "max_distance": 128, "block_size": 1024}
+        "t5_relative",
+        checks=[
+            checks.check_fast_matches_reference,
+            checks.check_causality,
+            checks.check_padding_invariance,
+            checks.check_gradients_reach_every_parameter,
+            checks.check_large_magnitude_inputs,
+        ],
+        options={"num_buckets": 32, "max_distance": 128, "block_size": 1024},
     )
     assert report.ok, report.failures
 

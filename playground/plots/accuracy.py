@@ -1,4 +1,5 @@
-"""Accuracy: grouped bars per task (mean ± std over seeds, each seed a dot, chance drawn),
+"""Accuracy: grouped bars per task (mean ± 95% Student-t interval over seeds, each seed a
+dot, chance drawn),
 and cost against accuracy, one panel per task, the trade-off in one picture."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from playground.plots.style import (
     series_marker,
     status_handles,
 )
+from playground.stats import accuracy_interval
 
 CHANCE_STYLE = dict(color="0.15", linestyle="--", linewidth=1.2)
 
@@ -68,7 +70,7 @@ def accuracy_figure(run: Run) -> Figure | None:
                 x,
                 row["accuracy_mean"],
                 width * 0.92,
-                yerr=row.get("accuracy_std") or 0.0,
+                yerr=accuracy_interval(row) or 0.0,
                 color=colour,
                 edgecolor="0.2",
                 linewidth=0.5,
@@ -83,7 +85,7 @@ def accuracy_figure(run: Run) -> Figure | None:
     axes.set_xticks(range(len(tasks)), tasks)
     axes.set_xlim(-0.6, len(tasks) - 0.4)
     axes.set_ylim(0, 1.05)
-    axes.set_ylabel("accuracy (mean ± std over seeds; dots: seeds)")
+    axes.set_ylabel("accuracy (mean ± 95% CI over seeds; dots: seeds)")
     axes.grid(True, axis="y", alpha=0.3)
     legend(figure, [_chance_handle(), *status_handles(statuses)])
     finish(figure, run, notes + _training_notes(rows))
@@ -193,7 +195,7 @@ def cost_accuracy_figure(run: Run, seq_len: int | None = None) -> Figure | None:
                 axes.errorbar(
                     x,
                     row["accuracy_mean"],
-                    yerr=row.get("accuracy_std") or 0.0,
+                    yerr=accuracy_interval(row) or 0.0,
                     color=series_colour(series),
                     marker=series_marker(series),
                     markersize=7,
@@ -212,7 +214,7 @@ def cost_accuracy_figure(run: Run, seq_len: int | None = None) -> Figure | None:
             if len(points) > 1 and max(p[0] for p in points) > 3 * min(p[0] for p in points):
                 log_axis(axes, [p[0] for p in points], which="x")
             axes.set_xlabel(axis_label)
-            axes.set_ylabel("accuracy (mean ± std over seeds)")
+            axes.set_ylabel("accuracy (mean ± 95% CI over seeds)")
             axes.set_ylim(0, 1.05)
             axes.set_title(task, fontsize=10)
             axes.grid(True, alpha=0.3)
