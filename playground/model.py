@@ -111,10 +111,19 @@ class EncoderLayer(nn.Module):
     def forward(
         self, x: torch.Tensor, attention_mask: torch.Tensor | None, extra: dict[str, Any]
     ) -> torch.Tensor:
+        return self.feed(self.attend(x, attention_mask, extra))
+
+    def attend(
+        self, x: torch.Tensor, attention_mask: torch.Tensor | None, extra: dict[str, Any]
+    ) -> torch.Tensor:
+        """x + Attention(LN(x)): the sublayer that mixes positions. (B, L, d_model)."""
         mixed = self.attention(
             self.attention_norm(x), attention_mask=attention_mask, is_causal=self.causal, **extra
         )
-        x = x + self.dropout(mixed.output)  # (B, L, d_model)
+        return x + self.dropout(mixed.output)
+
+    def feed(self, x: torch.Tensor) -> torch.Tensor:
+        """x + FFN(LN(x)): position-wise, so it takes any (..., d_model) selection of rows."""
         return x + self.dropout(self.feed_forward(self.feed_forward_norm(x)))
 
 
@@ -172,12 +181,22 @@ class TransformerClassifier(nn.Module):
         return [layer.attention for layer in self.layers]
 
     def forward(
-        self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None
+        self,
+        tokens: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """tokens (B, L) int64; attention_mask (B, L) bool, True = real token, or None.
 
         Returns logits (B, L, num_classes) for a token target, (B, num_classes) for a
-        sequence target.
+        sequence target. `positions` (B, L) bool, token target only: the positions whose
+        logits are wanted (the scored ones in training); returns their (P, num_classes),
+        in row-major order, the same values the full output holds there.
+
+        After the last attention sublayer nothing mixes positions, so the last
+        feed-forward sublayer, the final norm and the head run only on the rows read out:
+        the wanted positions, or position 0 of a sequence classified from it. The logits
+        are the full computation's; the work skipped is the rows nothing reads.
         """
         x = self.embedding(tokens) * math.sqrt(self.config.d_model)  # (B, L, d_model), §3.4
         if self.positional_encoding is not None:
@@ -188,13 +207,19 @@ class TransformerClassifier(nn.Module):
             is_global = torch.zeros_like(tokens, dtype=torch.bool)  # (B, L)
             is_global[:, 0] = True
             extra = self.layers[0].attention.global_token_arguments(is_global)
-        for layer in self.layers:
+        for layer in self.layers[:-1]:
             x = layer(x, attention_mask, extra)
-        x = self.final_norm(x)  # (B, L, d_model)
+        x = self.layers[-1].attend(x, attention_mask, extra)  # (B, L, d_model)
         if self.config.target == "token":
-            return self.head(x)  # (B, L, C)
+            if positions is not None:
+                x = x[positions]  # (P, d_model)
+            return self.head(self.final_norm(self.layers[-1].feed(x)))  # (B, L, C) | (P, C)
+        if positions is not None:
+            raise ConfigError("positions selects tokens: give it for a token target only")
         if self.config.pooling == "first":
-            return self.head(x[:, 0])  # (B, C)
+            x = x[:, 0]  # (B, d_model): the only position read out
+            return self.head(self.final_norm(self.layers[-1].feed(x)))  # (B, C)
+        x = self.final_norm(self.layers[-1].feed(x))  # (B, L, d_model)
         if attention_mask is None:
             return self.head(x.mean(dim=1))
         weights = attention_mask.to(x.dtype)[..., None]  # (B, L, 1)

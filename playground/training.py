@@ -74,6 +74,21 @@ def loss_of(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, -2), labels.flatten(), ignore_index=IGNORE)
 
 
+def scored_logits(
+    model: TransformerClassifier,
+    tokens: torch.Tensor,
+    labels: torch.Tensor,
+    mask: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits of the scored examples and their labels: for a per-token target, only
+    the positions with a label (the model skips the last sublayer's work elsewhere);
+    for a sequence target, every sequence."""
+    if labels.dim() == 2:  # per-token labels (B, L)
+        scored = labels != IGNORE
+        return model(tokens, mask, positions=scored), labels[scored]  # (P, C), (P,)
+    return model(tokens, mask), labels  # (B, C), (B,)
+
+
 def _batch(data: TaskData, index: torch.Tensor, device: torch.device | str) -> tuple:
     mask = None if data.attention_mask is None else data.attention_mask[index].to(device)
     return data.tokens[index].to(device), data.labels[index].to(device), mask
@@ -118,7 +133,7 @@ def train(
             order, cursor = torch.randperm(len(data), generator=generator), 0
         tokens, labels, mask = _batch(data, order[cursor : cursor + config.batch_size], device)
         cursor += config.batch_size
-        loss = loss_of(model(tokens, mask), labels)
+        loss = loss_of(*scored_logits(model, tokens, labels, mask))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.gradient_clip, foreach=True)
@@ -147,10 +162,9 @@ def evaluate(
     for start in range(0, len(data), batch_size):
         index = torch.arange(start, min(start + batch_size, len(data)))
         tokens, labels, mask = _batch(data, index, device)
-        predictions = model(tokens, mask).argmax(dim=-1)  # (B, L) or (B,)
-        scored = labels != IGNORE
-        correct += int((predictions == labels)[scored].sum())
-        total += int(scored.sum())
+        logits, scored_labels = scored_logits(model, tokens, labels, mask)
+        correct += int((logits.argmax(dim=-1) == scored_labels).sum())
+        total += scored_labels.numel()
     return correct / max(total, 1)
 
 

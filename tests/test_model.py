@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from playground.accuracy import check_task_support
-from playground.errors import UnsupportedFeature
+from playground.errors import ConfigError, UnsupportedFeature
 from playground.model import ModelConfig, TransformerClassifier
 from playground.registry import Registry
 from playground.tasks.positional import Lookback
@@ -214,3 +214,42 @@ def test_a_researchers_variant_shares_state_through_the_hook_like_a_shipped_one(
     assert len(tables) == 1
     model(torch.randint(0, 12, (2, 16))).sum().backward()
     assert model.attentions[0].distance_bias.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("variant", ["vanilla", "t5_relative", "longformer"])
+def test_logits_of_selected_positions_are_the_full_outputs_there(variant):
+    """Training asks only for the scored positions' logits (the last feed-forward sublayer
+    then runs on those rows only): values and gradients are the full computation's."""
+    registry = Registry.discover(entry_points=False)
+    config = ModelConfig(
+        vocab_size=20, num_classes=7, max_seq_len=24, variant=variant, num_layers=2,
+        d_model=32, num_heads=4, causal=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = TransformerClassifier(config, registry)
+    tokens = torch.randint(0, 20, (3, 24))
+    positions = torch.rand(3, 24) < 0.2
+    positions[1] = False  # a sequence with nothing scored
+    full = model(tokens)
+    selected = model(tokens, positions=positions)
+    assert selected.shape == (int(positions.sum()), 7)
+    assert torch.allclose(selected, full[positions], atol=1e-6, rtol=0)
+    weights = torch.randn_like(selected)
+    parameters = list(model.parameters())  # Longformer's global projections go unused
+    grads_full = torch.autograd.grad(
+        (full[positions] * weights).sum(), parameters, allow_unused=True
+    )
+    grads_sel = torch.autograd.grad((selected * weights).sum(), parameters, allow_unused=True)
+    for a, b in zip(grads_full, grads_sel, strict=True):
+        assert (a is None) == (b is None)
+        assert a is None or torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_positions_are_refused_for_a_sequence_target():
+    registry = Registry.discover(entry_points=False)
+    config = ModelConfig(
+        vocab_size=20, num_classes=3, max_seq_len=8, variant="vanilla", target="sequence"
+    )
+    model = TransformerClassifier(config, registry)
+    with pytest.raises(ConfigError, match="token target"):
+        model(torch.zeros(2, 8, dtype=torch.long), positions=torch.ones(2, 8, dtype=torch.bool))
