@@ -28,6 +28,20 @@ from playground.tasks import Task
 from playground.training import TrainConfig, evaluate, majority_rate, train
 
 DEFAULT_SEEDS = (0, 1, 2)
+MODEL_DEFAULTS = {"d_model": 64, "num_heads": 4, "num_layers": 2}
+"""The model a task trains on unless its table says otherwise."""
+
+
+def training_label(task_label: str, **shape: int) -> str:
+    """The task's label, with each model setting that is not the default appended
+    (`mqar(seq_len=128, num_pairs=8) d_model=128`): one task trained at several widths
+    is several cells."""
+    changed = [
+        f"{k}={shape[k]}"
+        for k in MODEL_DEFAULTS
+        if shape.get(k, MODEL_DEFAULTS[k]) != MODEL_DEFAULTS[k]
+    ]
+    return " ".join([task_label, *changed])
 
 
 def check_task_support(registry: Registry, variant: str, task: Task) -> None:
@@ -57,6 +71,8 @@ class AccuracyJob:
     num_layers: int = 2
     learning_rate: float | None = None
     """None: the task's `default_learning_rate`."""
+    batch_size: int | None = None
+    """None: the task's `default_batch_size`."""
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
 
@@ -90,7 +106,7 @@ def prepare(registry: Registry, job: AccuracyJob) -> Prepared:
     )
     training = TrainConfig(
         steps=task.default_steps if job.steps is None else job.steps,
-        batch_size=task.default_batch_size,
+        batch_size=job.batch_size or task.default_batch_size,
         learning_rate=job.learning_rate or task.default_learning_rate,
     )
     return Prepared(job, task, model, training)
@@ -174,7 +190,12 @@ def row_fields(
     return {
         "task": task.name,
         "task_options": dataclasses.asdict(task.options),
-        "task_label": task.label,
+        "task_label": training_label(
+            task.label,
+            d_model=prepared.model.d_model,
+            num_heads=prepared.model.num_heads,
+            num_layers=prepared.model.num_layers,
+        ),
         "accuracy_mean": statistics.fmean(accuracies),
         "accuracy_ci95": interval_half_width(accuracies),
         "accuracy_std": statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0,

@@ -77,7 +77,7 @@ def plan(spec: Spec) -> list[Cell]:
                 for pass_name in spec.passes
             ]
         if "accuracy" in spec.measures:
-            cells += [Cell(variant, task=task) for task in spec.tasks]
+            cells += [Cell(variant, task=task) for task in spec.tasks if task.trains(variant)]
     seen: set[str] = set()
     for cell in cells:
         if cell.id in seen:
@@ -264,6 +264,7 @@ class Measurer:
             num_heads=task.num_heads,
             num_layers=task.num_layers,
             learning_rate=task.learning_rate,
+            batch_size=task.batch_size,
             device=self.spec.device,
             dtype=self.spec.torch_dtype,
         )

@@ -56,6 +56,7 @@ from typing import Any
 
 import torch
 
+from playground.accuracy import MODEL_DEFAULTS, training_label
 from playground.config import build_config, field_types
 from playground.errors import ConfigError, PlaygroundError
 from playground.registry import Registry, bundled_dir
@@ -109,6 +110,15 @@ class TaskRun:
     num_layers: int = 2
     learning_rate: float | None = None
     """Peak learning rate; None = the task's own default."""
+    batch_size: int | None = None
+    """Sequences per step; None = the task's own default."""
+    variants: tuple[str, ...] | None = None
+    """The variant points that train on this task, by name (every point of it) or label;
+    None = every variant point of the spec."""
+
+    def trains(self, variant: VariantPoint) -> bool:
+        """Whether `variant` trains on this task."""
+        return self.variants is None or bool({variant.name, variant.label} & set(self.variants))
 
 
 TASK_SETTINGS = {
@@ -118,6 +128,7 @@ TASK_SETTINGS = {
     "num_heads": int,
     "num_layers": int,
     "learning_rate": float,
+    "batch_size": int,
 }
 """Keys of a [[tasks]] table that set up training rather than the task itself."""
 
@@ -271,6 +282,15 @@ def load_spec(path: str | Path, registry: Registry) -> Spec:
     repeated = _repeated(task.label for task in tasks)
     if repeated:
         fail("tasks", f"the task {repeated} is listed more than once; remove the repeated table")
+    known = [name for variant in variants for name in (variant.name, variant.label)]
+    for index, task in enumerate(tasks):
+        for name in task.variants or ():
+            if name not in known:
+                fail(
+                    f"tasks[{index}].variants",
+                    f"{name!r} is none of the spec's variant points (a name or a label)"
+                    + _suggest(name, known),
+                )
     baseline = data.get("baseline")
     labels = [variant.label for variant in variants]
     if baseline is not None and baseline not in labels:
@@ -474,19 +494,32 @@ def _task_run(entry: Any, index: int, registry: Registry, path: Path, seed: int)
             elif not _is_instance(value, expected) or value < 1:
                 raise SpecError(f"{where}.{key}: must be a positive integer; got {value!r}")
             settings[key] = value
-    options = {k: v for k, v in entry.items() if k != "name" and k not in TASK_SETTINGS}
+    chosen = entry.get("variants")
+    if chosen is not None and (
+        not isinstance(chosen, list) or not chosen or not all(isinstance(v, str) for v in chosen)
+    ):
+        raise SpecError(
+            f'{where}.variants: must be a non-empty list of variant names or labels, e.g. ["vanilla"]'
+        )
+    options = {
+        k: v for k, v in entry.items() if k not in ("name", "variants") and k not in TASK_SETTINGS
+    }
     try:
         task = task_cls(**options)
     except (PlaygroundError, ValueError, TypeError) as error:
         raise SpecError(f"{where}: {error}") from None
-    d_model, num_heads = settings.get("d_model", 64), settings.get("num_heads", 4)
+    d_model = settings.get("d_model", MODEL_DEFAULTS["d_model"])
+    num_heads = settings.get("num_heads", MODEL_DEFAULTS["num_heads"])
     if d_model % num_heads:
         raise SpecError(f"{where}.d_model: {d_model} is not divisible by num_heads = {num_heads}")
     return TaskRun(
         name=entry["name"],
         options=options,
-        label=task.label,
+        label=training_label(
+            task.label, **{k: v for k, v in settings.items() if k in MODEL_DEFAULTS}
+        ),
         seeds=tuple(range(seed, seed + settings.pop("seeds", 3))),
+        variants=None if chosen is None else tuple(chosen),
         **settings,
     )
 

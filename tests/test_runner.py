@@ -10,6 +10,7 @@ import textwrap
 import pytest
 import torch
 
+from playground.accuracy import AccuracyJob, prepare
 from playground.cli import main
 from playground.registry import Registry, configure
 from playground.results import RunStore
@@ -399,12 +400,66 @@ def test_accuracy_cells_record_per_seed_results_and_unsupported(spec_file, tmp_p
         ('name = "mqar"\nnum_pairs = "four"', r"tasks\[0\]: .*num_pairs"),
         ('name = "mqar"\nseeds = 0', r"tasks\[0\]\.seeds: must be a positive integer"),
         ('name = "mqar"\nd_model = 30\nnum_heads = 4', r"tasks\[0\]\.d_model: 30 is not divisible"),
+        ('name = "mqar"\nbatch_size = 0', r"tasks\[0\]\.batch_size: must be a positive integer"),
+        (
+            'name = "mqar"\n[[tasks]]\nname = "mqar"\nd_model = 64',
+            r"the task 'mqar' is listed more than once",
+        ),
     ],
 )
 def test_task_tables_are_validated(spec_file, table, message):
     body = f'name = "acc"\nmeasures = ["accuracy"]\n[[tasks]]\n{table}\n'
     with pytest.raises(SpecError, match=message):
         load_spec(spec_file(body), Registry.discover(entry_points=False))
+
+
+def test_one_task_at_two_widths_is_two_cells_and_batch_size_reaches_training(spec_file):
+    """Zoology's accuracy-against-width: the same task at d_model 64 and 128 is two task
+    runs, the second labelled with its width; a table's batch_size trains with it."""
+    body = (
+        'name = "acc"\nmeasures = ["accuracy"]\n'
+        '[[tasks]]\nname = "mqar"\nbatch_size = 8\n'
+        '[[tasks]]\nname = "mqar"\nd_model = 128\n'
+        '[[variants]]\nname = "vanilla"\n'
+    )
+    registry = Registry.discover(entry_points=False)
+    spec = load_spec(spec_file(body), registry)
+    assert [task.label for task in spec.tasks] == ["mqar", "mqar d_model=128"]
+    cells = [cell for cell in plan(spec) if cell.task is not None]
+    assert len({cell.id for cell in cells}) == len(cells) == 2
+    job = AccuracyJob("vanilla", {}, "mqar", {}, batch_size=spec.tasks[0].batch_size)
+    assert prepare(registry, job).training.batch_size == 8
+    assert prepare(registry, AccuracyJob("vanilla", {}, "mqar", {})).training.batch_size == 32
+
+
+def test_a_task_trains_only_the_variant_points_it_names(spec_file):
+    body = (
+        'name = "acc"\nmeasures = ["accuracy"]\n'
+        '[[tasks]]\nname = "mqar"\n'
+        '[[tasks]]\nname = "mqar"\nseq_len = 128\nnum_pairs = 8\n'
+        'variants = ["vanilla", "longformer(global_tokens=[0])"]\n'
+        '[[variants]]\nname = "vanilla"\n[[variants]]\nname = "t5_relative"\n'
+        '[[variants]]\nname = "longformer"\nglobal_tokens = [[], [0]]\n'
+    )
+    registry = Registry.discover(entry_points=False)
+    cells = [cell.id for cell in plan(load_spec(spec_file(body), registry))]
+    assert len(cells) == 4 + 2
+    assert "longformer(global_tokens=[0])|task=mqar(seq_len=128, num_pairs=8)" in cells
+    assert "longformer(global_tokens=[])|task=mqar(seq_len=128, num_pairs=8)" not in cells
+    assert not any(c.startswith("t5_relative|task=mqar(seq_len=128") for c in cells)
+    with pytest.raises(SpecError, match=r"tasks\[1\]\.variants': 'vanila' is none.*'vanilla'"):
+        load_spec(
+            spec_file(body.replace('variants = ["vanilla"', 'variants = ["vanila"')), registry
+        )
+    with pytest.raises(SpecError, match=r"tasks\[1\]\.variants: must be a non-empty list"):
+        load_spec(
+            spec_file(
+                body.replace(
+                    'variants = ["vanilla", "longformer(global_tokens=[0])"]', "variants = []"
+                )
+            ),
+            registry,
+        )
 
 
 def test_resume_of_a_directory_that_is_not_a_run_is_a_clear_error(tmp_path, capsys):

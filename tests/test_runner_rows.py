@@ -265,7 +265,16 @@ def test_repeated_overrides_are_refused_by_apply_overrides_too(bundled_registry,
 
 
 def test_every_planned_cell_id_is_unique_in_the_shipped_specs(bundled_registry):
-    for name in ("quick", "scaling", "linformer_k", "window", "mqar", "listops", "positional"):
+    for name in (
+        "quick",
+        "scaling",
+        "linformer_k",
+        "window",
+        "mqar",
+        "mqar_full",
+        "listops",
+        "positional",
+    ):
         ids = [cell.id for cell in plan(load_spec(name, bundled_registry))]
         assert len(ids) == len(set(ids)), name
 

@@ -69,19 +69,14 @@ class MQAR(Task):
     Default size and budget: Zoology's smallest setting, seq_len 64 with 4 pairs, vocabulary
     64 (Zoology: 8192; a small one keeps the embeddings learnable on a CPU budget); 1200
     AdamW steps of 32 sequences drawn from 40 000 generated ones (about one pass, so the
-    model cannot memorise its way through), about 40 s per seed on one quiet CPU core for
-    vanilla attention at d_model 64 and 2 layers. Measured: that budget is short of the
-    lookup in the bidirectional form: vanilla reaches about 0.29, just above the 0.25 of
-    guessing among the 4 values present; every head attends evenly to the values and no
-    previous-token head forms. More steps (4000), fresh data every step, and sweeps of
-    learning rate, weight decay, warm-up, batch, width, heads, layers and positional scale
-    all stayed on that plateau. With `causal=True` (Zoology's own setting) the same model
-    and budget learn the lookup: vanilla 1.000 on all 3 seeds, the loss falling between
-    steps 300 and 900 — the causal mask's recency is what lets the previous-token head
-    form. So read bidirectional MQAR accuracy as "can the variant see the values" and
-    causal MQAR as recall. (128, 8) and (256, 16) are the options seq_len / num_pairs;
-    query_placement="end" puts every query farther from its key than a sliding window of a
-    few tokens reaches through a 2-layer stack.
+    model cannot memorise its way through). Causal by default, Zoology's own setting: the
+    causal mask's recency is what lets the previous-token head form, and with it the
+    lookup. In the bidirectional form (`causal=False`) that budget, and much larger ones
+    and sweeps of the training recipe, leave every variant guessing among the values
+    present: read it as "can the variant see the values", and causal MQAR as recall (the
+    README gives the measurements). (128, 8) and (256, 16) are the options seq_len /
+    num_pairs; query_placement="end" puts every query farther from its key than a sliding
+    window of a few tokens reaches through a 2-layer stack.
     """
 
     name = "mqar"
