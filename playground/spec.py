@@ -499,7 +499,7 @@ def _task_run(entry: Any, index: int, registry: Registry, path: Path, seed: int)
         not isinstance(chosen, list) or not chosen or not all(isinstance(v, str) for v in chosen)
     ):
         raise SpecError(
-            f'{where}.variants: must be a non-empty list of variant names or labels, e.g. ["vanilla"]'
+            f'{where}.variants: must be a non-empty list of variant names or labels, e.g. ["my_variant"]'
         )
     options = {
         k: v for k, v in entry.items() if k not in ("name", "variants") and k not in TASK_SETTINGS

@@ -80,7 +80,10 @@ def test_measure_accuracy_returns_the_row_fields(bundled_registry: Registry) -> 
     )
     row = measure_accuracy(bundled_registry, job, seeds=[0, 1])
     assert row["task"] == "lookback" and row["steps"] == 5
-    assert row["task_label"] == "lookback(seq_len=12, offset=2, vocab_size=8)"
+    assert (
+        row["task_label"]
+        == "lookback(seq_len=12, offset=2, vocab_size=8) d_model=16 num_heads=2 num_layers=1"
+    )
     assert row["task_options"] == {"seq_len": 12, "offset": 2, "vocab_size": 8}
     assert len(row["accuracy_per_seed"]) == 2 and row["seeds"] == [0, 1]
     assert row["accuracy_mean"] == pytest.approx(sum(row["accuracy_per_seed"]) / 2)
