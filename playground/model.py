@@ -212,19 +212,27 @@ class TransformerClassifier(nn.Module):
         x = self.layers[-1].attend(x, attention_mask, extra)  # (B, L, d_model)
         if self.config.target == "token":
             if positions is not None:
+                if positions.shape != tokens.shape or positions.dtype != torch.bool:
+                    raise ConfigError(
+                        f"positions must be a bool mask shaped like tokens {tuple(tokens.shape)};"
+                        f" got {positions.dtype} {tuple(positions.shape)}"
+                    )
                 x = x[positions]  # (P, d_model)
-            return self.head(self.final_norm(self.layers[-1].feed(x)))  # (B, L, C) | (P, C)
+            return self.head(self._read_out(x))  # (B, L, C) | (P, C)
         if positions is not None:
             raise ConfigError("positions selects tokens: give it for a token target only")
         if self.config.pooling == "first":
-            x = x[:, 0]  # (B, d_model): the only position read out
-            return self.head(self.final_norm(self.layers[-1].feed(x)))  # (B, C)
-        x = self.final_norm(self.layers[-1].feed(x))  # (B, L, d_model)
+            return self.head(self._read_out(x[:, 0]))  # (B, C): the only position read out
+        x = self._read_out(x)  # (B, L, d_model)
         if attention_mask is None:
             return self.head(x.mean(dim=1))
         weights = attention_mask.to(x.dtype)[..., None]  # (B, L, 1)
         pooled = (x * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)  # (B, d_model)
         return self.head(pooled)
+
+    def _read_out(self, x: torch.Tensor) -> torch.Tensor:
+        """The last feed-forward sublayer and the final norm, on the rows (…, d_model)."""
+        return self.final_norm(self.layers[-1].feed(x))
 
 
 def describe(model: TransformerClassifier) -> dict[str, Any]:

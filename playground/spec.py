@@ -105,9 +105,9 @@ class TaskRun:
     seeds: tuple[int, ...] = (0, 1, 2)
     steps: int | None = None
     """Optimizer steps; None = the task's own default (its docstring says why)."""
-    d_model: int = 64
-    num_heads: int = 4
-    num_layers: int = 2
+    d_model: int = MODEL_DEFAULTS["d_model"]
+    num_heads: int = MODEL_DEFAULTS["num_heads"]
+    num_layers: int = MODEL_DEFAULTS["num_layers"]
     learning_rate: float | None = None
     """Peak learning rate; None = the task's own default."""
     batch_size: int | None = None

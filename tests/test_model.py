@@ -4,6 +4,7 @@ what a variant cannot do."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -251,5 +252,10 @@ def test_positions_are_refused_for_a_sequence_target():
         vocab_size=20, num_classes=3, max_seq_len=8, variant="vanilla", target="sequence"
     )
     model = TransformerClassifier(config, registry)
+    token_model = TransformerClassifier(dataclasses.replace(config, target="token"), registry)
+    with pytest.raises(ConfigError, match="bool mask shaped like tokens"):
+        token_model(
+            torch.zeros(2, 8, dtype=torch.long), positions=torch.ones(2, 7, dtype=torch.bool)
+        )
     with pytest.raises(ConfigError, match="token target"):
         model(torch.zeros(2, 8, dtype=torch.long), positions=torch.ones(2, 8, dtype=torch.bool))
