@@ -158,6 +158,9 @@ class T5RelativeAttention(AttentionVariant):
         self.scale = config.scale if config.scale is not None else 1 / math.sqrt(self.head_dim)
         add_projections(self, d_model, bias=config.bias)
         self.relative_attention_bias = nn.Embedding(config.num_buckets, num_heads)
+        # T5's initialisation of the table, N(0, 1/d_model) (nn.Embedding's own is N(0, 1):
+        # biases of ±1 per distance at the start, which training must first undo).
+        nn.init.normal_(self.relative_attention_bias.weight, std=d_model**-0.5)
         # (Nq, Nk, causal, device) -> (Nq + Nk - 1,) int64 buckets of the fast path's bias
         # vector. Integers only: the values come from the embedding on every call.
         self._bucket_cache: dict[tuple, torch.Tensor] = {}

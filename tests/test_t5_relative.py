@@ -253,3 +253,11 @@ def test_training_memory_stays_below_one_dense_score_matrix():
     assert peak(512, 64) < peak(512, 512) / 4
     # and with blocks, doubling n doubles memory (linear), not ×4
     assert peak(1024, 64) < 2.2 * peak(512, 64)
+
+
+def test_the_bias_table_starts_as_t5_initialises_it():
+    """T5 draws the table from N(0, 1/d_model), not nn.Embedding's N(0, 1): biases of about
+    ±1 per distance at the start slow training (MQAR learned on fewer seeds)."""
+    torch.manual_seed(0)
+    table = playground.build("t5_relative", 256, 8, num_buckets=32).relative_attention_bias
+    assert table.weight.std().item() == pytest.approx(256**-0.5, rel=0.2)
