@@ -90,6 +90,9 @@ def test_markdown_has_tables_and_relative_figures(report) -> None:
     text = markdown_path.read_text(encoding="utf-8")
     assert "| variant | pass | n |" in text
     assert "linformer(k=8)\\|n=128\\|forward" in text  # cell ids keep their pipes escaped
+    # each accuracy value under its own header: the seeds, then chance
+    assert "| accuracy (mean ± 95% CI) | per seed | chance |" in text
+    assert "| 0.900 ± 0.124 | 0.850, 0.900, 0.950 | " in text
     for path in figures:
         if path.suffix == ".png":
             assert f"](figures/{path.name})" in text
