@@ -8,6 +8,11 @@ causal attention, padding masks, the task's length, so the runner records `unsup
 `train_seed` trains and scores one seed; `row_fields` turns the seeds' results into the
 row's fields. `measure_accuracy` does the three in one process, seed after seed; the
 packed lane (playground.executors) runs `train_seed` on worker processes instead.
+
+A curriculum (Zoology trains one model on several MQAR sizes and scores it on each) is a
+list of `Stage`s trained first, in order, on the same model, before the task's own steps;
+the model is then scored on every stage's test split as well as the task's, and each
+stage's scores become a row of their own (`row_fields`' "stages").
 """
 
 from __future__ import annotations
@@ -32,16 +37,63 @@ MODEL_DEFAULTS = {"d_model": 64, "num_heads": 4, "num_layers": 2}
 """The model a task trains on unless its table says otherwise."""
 
 
-def training_label(task_label: str, **shape: int) -> str:
+CURRICULUM_TAG = "curriculum"
+"""Appended to the label of every task scored after a curriculum: the same task trained
+alone is another cell."""
+
+
+def training_label(task_label: str, *, curriculum: bool = False, **shape: int) -> str:
     """The task's label, with each model setting that is not the default appended
-    (`mqar(seq_len=128, num_pairs=8) d_model=128`): one task trained at several widths
-    is several cells."""
+    (`mqar(seq_len=128, num_pairs=8) d_model=128`), and CURRICULUM_TAG when the model
+    was trained on a curriculum: one task trained at several widths, or alone and after
+    a curriculum, is several cells."""
     changed = [
         f"{k}={shape[k]}"
         for k in MODEL_DEFAULTS
         if shape.get(k, MODEL_DEFAULTS[k]) != MODEL_DEFAULTS[k]
     ]
-    return " ".join([task_label, *changed])
+    return " ".join([task_label, *changed, *([CURRICULUM_TAG] if curriculum else [])])
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One stage of a curriculum: options that override the task's own for this stage,
+    and the stage's schedule (None: that task's default steps and batch size)."""
+
+    options: dict[str, Any]
+    steps: int | None = None
+    batch_size: int | None = None
+
+
+def curriculum_tasks(
+    task_cls: type[Task], options: dict[str, Any], stages: Sequence[Stage]
+) -> list[Task]:
+    """The task of each stage (the task's options, then the stage's), then the task itself.
+    ConfigError when a stage's options are wrong, when a stage would change the model's
+    vocabulary or classes, or when two of them are the same task."""
+    tasks = []
+    for index, stage in enumerate(stages):
+        try:
+            tasks.append(task_cls(**{**options, **stage.options}))
+        except (ValueError, TypeError) as error:
+            raise ConfigError(f"curriculum stage {index}: {error}") from None
+    final = task_cls(**options)
+    for index, task in enumerate(tasks):
+        if (task.vocab_size, task.num_classes) != (final.vocab_size, final.num_classes):
+            raise ConfigError(
+                f"curriculum stage {index} ({task.label}) has vocab_size {task.vocab_size} "
+                f"and {task.num_classes} classes, the task ({final.label}) "
+                f"{final.vocab_size} and {final.num_classes}: every stage trains the same "
+                "model, so keep the options that size its embeddings and classifier"
+            )
+    labels = [task.label for task in [*tasks, final]]
+    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    if repeated:
+        raise ConfigError(
+            f"the curriculum trains {repeated[0]} twice; give each stage different options "
+            "(more steps on one size go in that stage's steps)"
+        )
+    return [*tasks, final]
 
 
 def check_task_support(registry: Registry, variant: str, task: Task) -> None:
@@ -73,6 +125,8 @@ class AccuracyJob:
     """None: the task's `default_learning_rate`."""
     batch_size: int | None = None
     """None: the task's `default_batch_size`."""
+    curriculum: tuple[Stage, ...] = ()
+    """Stages trained first, in order, on the same model (see the module docstring)."""
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
 
@@ -85,17 +139,23 @@ class Prepared:
     task: Task
     model: ModelConfig
     training: TrainConfig
+    stages: tuple[tuple[Task, TrainConfig], ...] = ()
+    """The curriculum's stages, in training order, each with its schedule."""
 
 
 def prepare(registry: Registry, job: AccuracyJob) -> Prepared:
     """Build what `job` names; raises UnsupportedFeature (record as `unsupported`) when the
-    variant cannot do what the task needs, ConfigError for bad options."""
-    task: Task = registry.get_task(job.task)(**job.task_options)
-    check_task_support(registry, job.variant, task)
+    variant cannot do what the task (or a curriculum stage) needs, ConfigError for bad
+    options."""
+    *stage_tasks, task = curriculum_tasks(
+        registry.get_task(job.task), job.task_options, job.curriculum
+    )
+    for each in (*stage_tasks, task):
+        check_task_support(registry, job.variant, each)
     model = ModelConfig(
         vocab_size=task.vocab_size,
         num_classes=task.num_classes,
-        max_seq_len=task.seq_len,
+        max_seq_len=max(each.seq_len for each in (*stage_tasks, task)),
         variant=job.variant,
         variant_options=dict(job.variant_options),
         d_model=job.d_model,
@@ -104,12 +164,19 @@ def prepare(registry: Registry, job: AccuracyJob) -> Prepared:
         target=task.target,
         causal=task.needs_causal,
     )
-    training = TrainConfig(
-        steps=task.default_steps if job.steps is None else job.steps,
-        batch_size=job.batch_size or task.default_batch_size,
-        learning_rate=job.learning_rate or task.default_learning_rate,
+
+    def schedule(task: Task, steps: int | None, batch_size: int | None) -> TrainConfig:
+        return TrainConfig(
+            steps=task.default_steps if steps is None else steps,
+            batch_size=batch_size or task.default_batch_size,
+            learning_rate=job.learning_rate or task.default_learning_rate,
+        )
+
+    stages = tuple(
+        (each, schedule(each, stage.steps, stage.batch_size))
+        for each, stage in zip(stage_tasks, job.curriculum, strict=True)
     )
-    return Prepared(job, task, model, training)
+    return Prepared(job, task, model, schedule(task, job.steps, job.batch_size), stages)
 
 
 def measure_accuracy(
@@ -149,34 +216,50 @@ class SeedResult:
 
     accuracy: float
     train_time_s: float
+    """Every stage's training and the task's, together."""
     majority: float
     final_train_loss: float
     model: dict[str, Any]
+    stage_scores: tuple[tuple[float, float], ...] = ()
+    """(accuracy, majority baseline) on each curriculum stage's test split, after all
+    the training."""
 
 
 def train_seed(
     registry: Registry, prepared: Prepared, seed: int, progress: Progress | None = None
 ) -> SeedResult:
-    """Draw the seed's data, initialise and train its model, score it on the test split."""
+    """Draw the seed's data, initialise its model, train it on each curriculum stage and
+    then on the task, and score it on the test split of each."""
     job, config = prepared.job, prepared.model
-    train_data, test_data = prepared.task.split(seed)
     torch.manual_seed(seed)
     model = TransformerClassifier(config, registry).to(job.device, job.dtype)
-    result = train(
-        model,
-        train_data,
-        prepared.training,
-        seed=seed,
-        device=job.device,
-        progress=progress,
-        description=f"{config.variant} on {prepared.task.label}, seed {seed}",
-    )
+    tests, train_time_s = [], 0.0
+    for task, schedule in (*prepared.stages, (prepared.task, prepared.training)):
+        # No more examples than the schedule draws (nor fewer than a test split): a short
+        # stage of a task sized for one long pass would generate thousands it never sees.
+        drawn = max(schedule.steps * schedule.batch_size, task.num_test)
+        train_data, test_data = task.split(seed, num_train=min(task.num_train, drawn))
+        result = train(
+            model,
+            train_data,
+            schedule,
+            seed=seed,
+            device=job.device,
+            progress=progress,
+            description=f"{config.variant} on {task.label}, seed {seed}",
+        )
+        tests.append(test_data)
+        train_time_s += result.train_time_s
+    *stage_tests, test_data = tests
     return SeedResult(
         accuracy=evaluate(model, test_data, device=job.device),
-        train_time_s=result.train_time_s,
+        train_time_s=train_time_s,
         majority=majority_rate(test_data),
         final_train_loss=statistics.fmean(result.losses[-20:]),
         model=describe(model),
+        stage_scores=tuple(
+            (evaluate(model, data, device=job.device), majority_rate(data)) for data in stage_tests
+        ),
     )
 
 
@@ -184,28 +267,46 @@ def row_fields(
     prepared: Prepared, seeds: Sequence[int], results: Sequence[SeedResult]
 ) -> dict[str, Any]:
     """The result row's accuracy fields: mean, 95% half-width and std over seeds, each
-    seed's value, and what they came from."""
-    task, training = prepared.task, prepared.training
-    accuracies = [result.accuracy for result in results]
-    return {
-        "task": task.name,
-        "task_options": dataclasses.asdict(task.options),
-        "task_label": training_label(
-            task.label,
-            d_model=prepared.model.d_model,
-            num_heads=prepared.model.num_heads,
-            num_layers=prepared.model.num_layers,
-        ),
-        "accuracy_mean": statistics.fmean(accuracies),
-        "accuracy_ci95": interval_half_width(accuracies),
-        "accuracy_std": statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0,
-        "accuracy_per_seed": accuracies,
-        "seeds": list(seeds),
-        "chance": task.chance,
-        "majority_baseline": statistics.fmean(result.majority for result in results),
-        "final_train_loss": statistics.fmean(result.final_train_loss for result in results),
-        "steps": training.steps,
-        "batch_size": training.batch_size,
-        "train_time_s": statistics.fmean(result.train_time_s for result in results),
-        "model": results[-1].model,
-    }
+    seed's value, and what they came from. After a curriculum, also "curriculum" (each
+    stage's task, steps and batch size, the task last) and "stages": each stage's own
+    scored fields, which the runner records as a row of its own."""
+    model = prepared.model
+    shape = {"d_model": model.d_model, "num_heads": model.num_heads, "num_layers": model.num_layers}
+    curriculum = bool(prepared.stages)
+
+    def scored(
+        task: Task, training: TrainConfig, scores: Sequence[tuple[float, float]]
+    ) -> dict[str, Any]:
+        accuracies = [accuracy for accuracy, _ in scores]
+        return {
+            "task": task.name,
+            "task_options": dataclasses.asdict(task.options),
+            "task_label": training_label(task.label, curriculum=curriculum, **shape),
+            "accuracy_mean": statistics.fmean(accuracies),
+            "accuracy_ci95": interval_half_width(accuracies),
+            "accuracy_std": statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0,
+            "accuracy_per_seed": accuracies,
+            "chance": task.chance,
+            "majority_baseline": statistics.fmean(majority for _, majority in scores),
+            "steps": training.steps,
+            "batch_size": training.batch_size,
+        }
+
+    fields = scored(prepared.task, prepared.training, [(r.accuracy, r.majority) for r in results])
+    fields.update(
+        seeds=list(seeds),
+        final_train_loss=statistics.fmean(result.final_train_loss for result in results),
+        train_time_s=statistics.fmean(result.train_time_s for result in results),
+        model=results[-1].model,
+    )
+    if curriculum:
+        phases = (*prepared.stages, (prepared.task, prepared.training))
+        fields["curriculum"] = [
+            {"task_label": task.label, "steps": training.steps, "batch_size": training.batch_size}
+            for task, training in phases
+        ]
+        fields["stages"] = [
+            scored(task, training, [result.stage_scores[index] for result in results])
+            for index, (task, training) in enumerate(prepared.stages)
+        ]
+    return fields

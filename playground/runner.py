@@ -61,8 +61,26 @@ class Cell:
     @property
     def id(self) -> str:
         if self.task is not None:
-            return f"{self.variant.label}|task={self.task.label}"
+            return accuracy_cell_id(self.variant.label, self.task.label)
         return f"{self.variant.label}|n={self.seq_len}|{self.pass_name}"
+
+
+def accuracy_cell_id(variant_label: str, task_label: str) -> str:
+    return f"{variant_label}|task={task_label}"
+
+
+def with_stage_rows(row: dict[str, Any], cell: Cell) -> list[dict[str, Any]]:
+    """`row`, then one row per curriculum stage of `cell`'s task: the stage's scores
+    (row_fields' "stages") over the row's other fields, or, when the cell failed, the
+    row's status and error under each stage's label."""
+    if cell.task is None or not cell.task.curriculum:
+        return [row]
+    row = dict(row)
+    scored = row.pop("stages", None) or [{"task_label": label} for label in cell.task.stage_labels]
+    return [row] + [
+        {**row, **stage, "cell": accuracy_cell_id(cell.variant.label, stage["task_label"])}
+        for stage in scored
+    ]
 
 
 def plan(spec: Spec) -> list[Cell]:
@@ -265,6 +283,7 @@ class Measurer:
             num_layers=task.num_layers,
             learning_rate=task.learning_rate,
             batch_size=task.batch_size,
+            curriculum=task.curriculum,
             device=self.spec.device,
             dtype=self.spec.torch_dtype,
         )
@@ -449,10 +468,12 @@ class Runner:
             TimeRemainingColumn(elapsed_when_finished=True),
         )
         finished = 0
+        by_id = {cell.id: cell for cell in cells}
 
         def record(row: dict[str, Any]) -> None:
             nonlocal finished
-            self.store.append(row)
+            for each in with_stage_rows(row, by_id[row["cell"]]):
+                self.store.append(each)
             finished += 1
             progress.advance(bar)
 

@@ -56,7 +56,7 @@ from typing import Any
 
 import torch
 
-from playground.accuracy import MODEL_DEFAULTS, training_label
+from playground.accuracy import MODEL_DEFAULTS, Stage, curriculum_tasks, training_label
 from playground.config import build_config, field_types
 from playground.errors import ConfigError, PlaygroundError
 from playground.registry import Registry, bundled_dir
@@ -115,6 +115,10 @@ class TaskRun:
     variants: tuple[str, ...] | None = None
     """The variant points that train on this task, by name (every point of it) or label;
     None = every variant point of the spec."""
+    curriculum: tuple[Stage, ...] = ()
+    """Stages trained first, in order, on the same model; each is scored too."""
+    stage_labels: tuple[str, ...] = ()
+    """The label each stage's row is recorded under (the task's own is `label`)."""
 
     def trains(self, variant: VariantPoint) -> bool:
         """Whether `variant` trains on this task."""
@@ -279,7 +283,7 @@ def load_spec(path: str | Path, registry: Registry) -> Spec:
         _task_run(entry, index, registry, path, data.get("seed", Spec.seed))
         for index, entry in enumerate(data.get("tasks", []))
     )
-    repeated = _repeated(task.label for task in tasks)
+    repeated = _repeated(label for task in tasks for label in (*task.stage_labels, task.label))
     if repeated:
         fail("tasks", f"the task {repeated} is listed more than once; remove the repeated table")
     known = [name for variant in variants for name in (variant.name, variant.label)]
@@ -502,26 +506,65 @@ def _task_run(entry: Any, index: int, registry: Registry, path: Path, seed: int)
             f'{where}.variants: must be a non-empty list of variant names or labels, e.g. ["my_variant"]'
         )
     options = {
-        k: v for k, v in entry.items() if k not in ("name", "variants") and k not in TASK_SETTINGS
+        k: v
+        for k, v in entry.items()
+        if k not in ("name", "variants", "curriculum") and k not in TASK_SETTINGS
     }
     try:
         task = task_cls(**options)
     except (PlaygroundError, ValueError, TypeError) as error:
         raise SpecError(f"{where}: {error}") from None
+    curriculum = _curriculum(entry.get("curriculum", []), where)
+    try:
+        *stage_tasks, _ = curriculum_tasks(task_cls, options, curriculum)
+    except PlaygroundError as error:
+        raise SpecError(f"{where}: {error}") from None
     d_model = settings.get("d_model", MODEL_DEFAULTS["d_model"])
     num_heads = settings.get("num_heads", MODEL_DEFAULTS["num_heads"])
     if d_model % num_heads:
         raise SpecError(f"{where}.d_model: {d_model} is not divisible by num_heads = {num_heads}")
+    shape = {k: v for k, v in settings.items() if k in MODEL_DEFAULTS}
+    tagged = bool(curriculum)
     return TaskRun(
         name=entry["name"],
         options=options,
-        label=training_label(
-            task.label, **{k: v for k, v in settings.items() if k in MODEL_DEFAULTS}
-        ),
+        label=training_label(task.label, curriculum=tagged, **shape),
         seeds=tuple(range(seed, seed + settings.pop("seeds", 3))),
         variants=None if chosen is None else tuple(chosen),
+        curriculum=curriculum,
+        stage_labels=tuple(
+            training_label(each.label, curriculum=tagged, **shape) for each in stage_tasks
+        ),
         **settings,
     )
+
+
+STAGE_SETTINGS = ("steps", "batch_size")
+"""Keys of a curriculum stage that set its schedule rather than its task's options."""
+
+
+def _curriculum(entries: Any, where: str) -> tuple[Stage, ...]:
+    """A [[tasks]] table's `curriculum`: a list of tables of task options, each with an
+    optional `steps` and `batch_size`."""
+    example = "e.g. curriculum = [{ seq_len = 64, num_pairs = 4, steps = 600 }]"
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise SpecError(f"{where}.curriculum: must be a list of tables of task options, {example}")
+    stages = []
+    for index, entry in enumerate(entries):
+        for key in STAGE_SETTINGS:
+            if key in entry and (not _is_instance(entry[key], int) or entry[key] < 1):
+                raise SpecError(
+                    f"{where}.curriculum[{index}].{key}: must be a positive integer; "
+                    f"got {entry[key]!r}"
+                )
+        options = {k: v for k, v in entry.items() if k not in STAGE_SETTINGS}
+        if not options:
+            raise SpecError(
+                f"{where}.curriculum[{index}]: a stage needs at least one task option that "
+                f"differs from the task's, {example}"
+            )
+        stages.append(Stage(options, entry.get("steps"), entry.get("batch_size")))
+    return tuple(stages)
 
 
 def _check_variant_name(name: str, registry: Registry, path: Path, key: str) -> None:

@@ -3,6 +3,7 @@ resume, the numbers it derives, and the CLI around it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import textwrap
@@ -460,6 +461,109 @@ def test_a_task_trains_only_the_variant_points_it_names(spec_file):
             ),
             registry,
         )
+
+
+CURRICULUM_SPEC = """
+    name = "curriculum"
+    measures = ["accuracy"]
+    accuracy_workers = 1
+
+    [[tasks]]
+    name = "mqar"
+    seq_len = 24
+    num_pairs = 4
+    steps = 3
+    seeds = 2
+    curriculum = [{ seq_len = 12, num_pairs = 2, steps = 2, batch_size = 4 }]
+
+    [[variants]]
+    name = "vanilla"
+
+    [[variants]]
+    name = "linformer"
+    k = 4
+"""
+
+
+def test_a_curriculum_trains_one_model_and_records_a_row_for_each_stage(spec_file, tmp_path):
+    """Zoology's recipe: one model trained on the sizes in turn and scored on each; every
+    stage is its own row, under a label that says it came after a curriculum."""
+    registry = Registry.discover(entry_points=False)
+    spec = load_spec(spec_file(CURRICULUM_SPEC), registry)
+    (task,) = spec.tasks
+    assert task.label == "mqar(seq_len=24) curriculum"
+    assert task.stage_labels == ("mqar(seq_len=12, num_pairs=2) curriculum",)
+    store = RunStore.create(tmp_path, spec.name)
+    runner = Runner(spec, registry, store)
+    runner.start()
+    assert runner.run() == (2, True)
+    rows = {row["cell"]: row for row in store.rows()}
+    final, stage = (
+        rows["vanilla|task=mqar(seq_len=24) curriculum"],
+        rows["vanilla|task=mqar(seq_len=12, num_pairs=2) curriculum"],
+    )
+    assert final["status"] == stage["status"] == "ok"
+    assert final["steps"] == 3 and stage["steps"] == 2 and stage["batch_size"] == 4
+    assert stage["task_options"]["seq_len"] == 12 and final["task_options"]["seq_len"] == 24
+    assert len(stage["accuracy_per_seed"]) == 2 and "stages" not in final
+    assert [s["task_label"] for s in final["curriculum"]] == [
+        "mqar(seq_len=12, num_pairs=2)",
+        "mqar(seq_len=24)",
+    ]
+    # Linformer is not causal: refused once, recorded under every label the cell has
+    refused = [row for row in rows.values() if row["variant"] == "linformer"]
+    assert len(refused) == 2 and all(row["status"] == "unsupported" for row in refused)
+    assert runner.pending() == []  # a resume finds the cell done
+    write_summary(store)
+    assert store.path("accuracy.csv").read_text().count("curriculum") == 4
+
+
+def test_a_curriculum_stage_trains_the_model_the_task_then_starts_from(registry):
+    """The stage's steps reach the model: with them, the task's test score moves."""
+    from playground.accuracy import Stage, train_seed
+
+    base = AccuracyJob("vanilla", {}, "mqar", {"seq_len": 24}, steps=1, batch_size=4)
+    staged = dataclasses.replace(
+        base, curriculum=(Stage({"seq_len": 12, "num_pairs": 2}, steps=40, batch_size=16),)
+    )
+    alone = train_seed(registry, prepare(registry, base), seed=0)
+    after = train_seed(registry, prepare(registry, staged), seed=0)
+    assert alone.stage_scores == () and len(after.stage_scores) == 1
+    assert after.train_time_s > alone.train_time_s
+    assert prepare(registry, staged).model.max_seq_len == 24
+    assert after.final_train_loss != alone.final_train_loss
+
+
+@pytest.mark.parametrize(
+    ("curriculum", "message"),
+    [
+        ("{ seq_len = 12 }", r"tasks\[0\]\.curriculum: must be a list of tables"),
+        ("[{ steps = 2 }]", r"curriculum\[0\]: a stage needs at least one task option"),
+        ("[{ seq_len = 12, steps = 0 }]", r"curriculum\[0\]\.steps: must be a positive"),
+        ("[{ num_pairs = 40 }]", r"tasks\[0\]: curriculum stage 0: .*num_pairs must be between"),
+        ("[{ vocab_size = 128 }]", r"stage 0 .* vocab_size 128 .* keep the options"),
+        ("[{ seq_len = 12 }, { seq_len = 12 }]", r"trains mqar\(seq_len=12\) twice"),
+        ("[{ seq_len = 64 }]", r"trains mqar twice"),
+    ],
+)
+def test_curriculum_tables_are_validated(spec_file, curriculum, message):
+    body = (
+        'name = "acc"\nmeasures = ["accuracy"]\n[[tasks]]\nname = "mqar"\n'
+        f"curriculum = {curriculum}\n"
+    )
+    with pytest.raises(SpecError, match=message):
+        load_spec(spec_file(body), Registry.discover(entry_points=False))
+
+
+def test_a_stage_label_may_not_repeat_another_tasks_label(spec_file):
+    stage = "curriculum = [{ seq_len = 32, num_pairs = 4 }]\n"
+    body = (
+        'name = "acc"\nmeasures = ["accuracy"]\n'
+        f'[[tasks]]\nname = "mqar"\n{stage}'
+        f'[[tasks]]\nname = "mqar"\nseq_len = 128\nnum_pairs = 8\n{stage}'
+    )
+    with pytest.raises(SpecError, match=r"mqar\(seq_len=32\) curriculum. is listed more"):
+        load_spec(spec_file(body), Registry.discover(entry_points=False))
 
 
 def test_resume_of_a_directory_that_is_not_a_run_is_a_clear_error(tmp_path, capsys):
