@@ -4,6 +4,7 @@ and cost against accuracy, one panel per task, the trade-off in one picture."""
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 from matplotlib.axes import Axes
@@ -82,7 +83,10 @@ def accuracy_figure(run: Run) -> Figure | None:
         chances = {r.get("chance") for r in task_rows.values() if r.get("chance") is not None}
         for chance in chances:
             axes.hlines(chance, group - 0.45, group + 0.45, **CHANCE_STYLE)
-    axes.set_xticks(range(len(tasks)), tasks)
+    # Long labels (options, width, curriculum) wrap onto lines of their own words.
+    axes.set_xticks(
+        range(len(tasks)), [textwrap.fill(task, 24, break_long_words=False) for task in tasks]
+    )
     axes.set_xlim(-0.6, len(tasks) - 0.4)
     axes.set_ylim(0, 1.05)
     axes.set_ylabel("accuracy (mean ± 95% CI over seeds; dots: seeds)")
