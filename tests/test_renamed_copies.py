@@ -215,7 +215,7 @@ def same_run_and_report(registry: Registry, made: list[Copy], tmp_path: Path) ->
             entries.append(f'[[variants]]\nname = "{name}"\n{table}')
     spec_path = tmp_path / "renamed.toml"
     spec_path.write_text(
-        'name = "renamed"\nseq_lens = [16, 24]\nd_model = 16\nnum_heads = 2\n'
+        'name = "renamed"\nseq_lens = [16]\nd_model = 16\nnum_heads = 2\n'
         'measures = ["speed", "memory", "fidelity"]\n[timing]\nmin_run_time = 0.01\n\n'
         + "\n".join(entries)
     )

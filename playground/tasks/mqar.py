@@ -76,7 +76,10 @@ class MQAR(Task):
     present: read it as "can the variant see the values", and causal MQAR as recall (the
     README gives the measurements). (128, 8) and (256, 16) are the options seq_len /
     num_pairs; query_placement="end" puts every query farther from its key than a sliding
-    window of a few tokens reaches through a 2-layer stack.
+    window of a few tokens reaches through a 2-layer stack. Trained on one of the larger
+    sizes alone, a model needs many times this budget; Zoology trains one model over the
+    sizes, and experiments/mqar.toml does the same with a spec curriculum (small sizes
+    first, where the lookup forms, then the larger ones, where it carries over).
     """
 
     name = "mqar"
