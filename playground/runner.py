@@ -76,7 +76,10 @@ def with_stage_rows(row: dict[str, Any], cell: Cell) -> list[dict[str, Any]]:
     if cell.task is None or not cell.task.curriculum:
         return [row]
     row = dict(row)
-    scored = row.pop("stages", None) or [{"task_label": label} for label in cell.task.stage_labels]
+    scored = row.pop("stages", None) or [
+        {"task_label": label, "task_options": {**cell.task.options, **stage.options}}
+        for label, stage in zip(cell.task.stage_labels, cell.task.curriculum, strict=True)
+    ]
     return [row] + [
         {**row, **stage, "cell": accuracy_cell_id(cell.variant.label, stage["task_label"])}
         for stage in scored

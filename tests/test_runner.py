@@ -513,6 +513,7 @@ def test_a_curriculum_trains_one_model_and_records_a_row_for_each_stage(spec_fil
     # Linformer is not causal: refused once, recorded under every label the cell has
     refused = [row for row in rows.values() if row["variant"] == "linformer"]
     assert len(refused) == 2 and all(row["status"] == "unsupported" for row in refused)
+    assert sorted(row["task_options"]["seq_len"] for row in refused) == [12, 24]
     assert runner.pending() == []  # a resume finds the cell done
     write_summary(store)
     assert store.path("accuracy.csv").read_text().count("curriculum") == 4
@@ -529,9 +530,29 @@ def test_a_curriculum_stage_trains_the_model_the_task_then_starts_from(registry)
     alone = train_seed(registry, prepare(registry, base), seed=0)
     after = train_seed(registry, prepare(registry, staged), seed=0)
     assert alone.stage_scores == () and len(after.stage_scores) == 1
-    assert after.train_time_s > alone.train_time_s
     assert prepare(registry, staged).model.max_seq_len == 24
     assert after.final_train_loss != alone.final_train_loss
+
+
+def test_a_stage_generates_only_the_examples_its_schedule_draws(registry, monkeypatch):
+    """A stage of 2 × 4 examples draws a test split's worth (1024), not the task's 40 000."""
+    from playground.accuracy import Stage, train_seed
+    from playground.tasks import Task
+
+    asked = []
+    split = Task.split
+
+    def spy(self, seed, num_train=None, num_test=None):
+        asked.append((self.label, num_train))
+        return split(self, seed, num_train, num_test)
+
+    monkeypatch.setattr(Task, "split", spy)
+    job = AccuracyJob(
+        "vanilla", {}, "mqar", {"seq_len": 24}, steps=1, batch_size=4,
+        curriculum=(Stage({"seq_len": 12, "num_pairs": 2}, steps=2, batch_size=4),),
+    )  # fmt: skip
+    train_seed(registry, prepare(registry, job), seed=0)
+    assert asked == [("mqar(seq_len=12, num_pairs=2)", 1024), ("mqar(seq_len=24)", 1024)]
 
 
 @pytest.mark.parametrize(
