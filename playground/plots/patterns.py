@@ -79,6 +79,21 @@ def _message(axes: Axes, text: str) -> None:
     axes.set_yticks([])
 
 
+def _position_axes(
+    axes: Axes, shape: tuple[int, ...], columns: str, first_column: bool
+) -> None:
+    """Ticks at the ends and middle of a (queries, columns) picture; the query label only
+    on the first column of panels (every panel shares it). Fixed ticks: a tick locator
+    per axes makes the layout of dozens of panels take seconds."""
+    rows, cols = shape
+    axes.set_xticks([0, cols // 2, cols - 1])
+    axes.set_yticks([0, rows // 2, rows - 1])
+    axes.tick_params(labelsize=7)
+    axes.set_xlabel(columns, fontsize=8)
+    if first_column:
+        axes.set_ylabel("query position i", fontsize=8)
+
+
 def attention_pattern_figure(
     run: Run, registry: Registry | None = None, n: int = PATTERN_LENGTH
 ) -> Figure:
@@ -146,16 +161,18 @@ def attention_pattern_figure(
             aspect="auto",
             interpolation="nearest",
         )
-        figure.colorbar(image, ax=top, shrink=0.8, label="weight")
+        bar = figure.colorbar(image, ax=top, shrink=0.8, label="weight")
+        ticks = np.linspace(norm.vmin, norm.vmax, 3)  # a locator per bar costs seconds
+        bar.set_ticks(ticks, labels=[f"{tick:.2g}" for tick in ticks])
+        bar.ax.tick_params(labelsize=7)
         title = _panel_title(declared(name, "display_name") or name, options, original)
         top.set_title(title, fontsize=9, color=variant_colour(name))
         bottom.imshow(
             seen, cmap=MASK_COLOURS, vmin=0, vmax=1, aspect="auto", interpolation="nearest"
         )
         bottom.set_title(f"mask: {seen.mean():.0%} of pairs seen", fontsize=9)
-        for axes in (top, bottom):
-            axes.set_xlabel(columns)
-            axes.set_ylabel("query position i")
+        for axes, label in ((top, columns), (bottom, "key position j")):
+            _position_axes(axes, values.shape, label, first_column=column == 0)
     finish(
         figure,
         run,
@@ -205,13 +222,14 @@ def relative_bias_figure(
     figure.suptitle(f"Bias added to the scores by position, on {n} tokens (as initialised)")
     for line, (name, bias) in zip(grid, biases.items(), strict=True):
         limit = float(np.abs(bias).max()) or 1.0
-        for axes, head in zip(line, heads, strict=True):
+        for index, (axes, head) in enumerate(zip(line, heads, strict=True)):
             image = axes.imshow(
                 bias[head], cmap="RdBu_r", vmin=-limit, vmax=limit, interpolation="nearest"
             )
             axes.set_title(f"{name}, head {head}", fontsize=9, color=variant_colour(name))
-            axes.set_xlabel("key position j")
-            axes.set_ylabel("query position i")
-        figure.colorbar(image, ax=line, shrink=0.7, label="bias")
+            _position_axes(axes, bias[head].shape, "key position j", first_column=index == 0)
+        bar = figure.colorbar(image, ax=line, shrink=0.7, label="bias")
+        ticks = np.linspace(-limit, limit, 5)
+        bar.set_ticks(ticks, labels=[f"{tick:.2g}" for tick in ticks])
     finish(figure, run, ["each variant's `logit_bias`; its own colour scale per row"])
     return figure
