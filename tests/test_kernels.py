@@ -109,28 +109,30 @@ def dense_relative(q, k, v, relative_bias, attention_mask, is_causal, scale):
     return weights @ v
 
 
+@pytest.mark.parametrize("batch", [1, 2])  # the backward skews dS itself, or its batch sum
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize(("n_q", "n_k", "block"), [(11, 11, 4), (7, 13, 3), (16, 5, 16)])
 def test_relative_bias_attention_matches_the_dense_toeplitz_bias(
-    is_causal, padded, n_q, n_k, block
+    batch, is_causal, padded, n_q, n_k, block
 ):
     generator = torch.Generator().manual_seed(n_q * n_k)
 
     def tensor(*shape):
         return torch.randn(*shape, generator=generator, dtype=torch.float64, requires_grad=True)
 
-    q, k, v = tensor(2, H, n_q, 4), tensor(2, H, n_k, 4), tensor(2, H, n_k, 4)
+    q, k, v = tensor(batch, H, n_q, 4), tensor(batch, H, n_k, 4), tensor(batch, H, n_k, 4)
     relative_bias = tensor(H, n_q + n_k - 1)
     mask = None
     if padded:
         mask = torch.ones(2, n_k, dtype=torch.bool)
         mask[0, n_k // 2 :] = False
         mask[1, :2] = False  # left padding: under causality the first queries see nothing
+        mask = mask[-batch:]
     context = relative_bias_attention(q, k, v, relative_bias, mask, is_causal, 0.5, block)
     expected = dense_relative(q, k, v, relative_bias, mask, is_causal, 0.5)
     empty = queries_without_keys(mask, n_q, n_k, is_causal)
-    seen = torch.ones(2, n_q, dtype=torch.bool) if empty is None else ~empty[..., 0]
+    seen = torch.ones(batch, n_q, dtype=torch.bool) if empty is None else ~empty[..., 0]
     torch.testing.assert_close(context.transpose(1, 2)[seen], expected.transpose(1, 2)[seen])
     weights = torch.randn(expected.shape, generator=generator, dtype=torch.float64)
     select = seen[:, None, :, None]
