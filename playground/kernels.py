@@ -347,8 +347,9 @@ class _FlashWithBiasGradient(torch.autograd.Function):
     dv = Pᵀ dO, dP = dO vᵀ, dS = P ⊙ (dP − rowsum(dO ⊙ O)), dq = scale · dS k,
     dk = scale · dSᵀ q: five products, as many as the flash backward's own, which cannot
     return dS. The bias gets dS summed over what it broadcasts, or for a Hankel bias along
-    anti-diagonals: dS is written skewed (`BackwardScratch.hankel`) so that each
-    anti-diagonal is a column, and one sum over queries gives them all.
+    anti-diagonals: dS (at a batch, its sum over the batch) is written skewed
+    (`BackwardScratch.hankel`) so that each anti-diagonal is a column, and one sum over
+    queries gives them all.
     """
 
     @staticmethod

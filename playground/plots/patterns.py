@@ -171,8 +171,8 @@ def attention_pattern_figure(
             seen, cmap=MASK_COLOURS, vmin=0, vmax=1, aspect="auto", interpolation="nearest"
         )
         bottom.set_title(f"mask: {seen.mean():.0%} of pairs seen", fontsize=9)
-        for axes, label in ((top, columns), (bottom, "key position j")):
-            _position_axes(axes, values.shape, label, first_column=column == 0)
+        for axes in (top, bottom):
+            _position_axes(axes, values.shape, columns, first_column=column == 0)
     finish(
         figure,
         run,
