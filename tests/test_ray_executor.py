@@ -175,7 +175,9 @@ def test_ctrl_c_keeps_finished_rows_and_a_resume_elsewhere_runs_each_cell_once(t
     )
     spec.write_text(
         spec.read_text()
-        .replace("seq_lens = [16, 32]", "seq_lens = [16, 32, 48, 64, 96, 128, 160, 192]")
+        # Enough cells that the run is still measuring when its first row lands (with
+        # fewer, Ray's workers could finish them all before the interrupt arrived).
+        .replace("seq_lens = [16, 32]", f"seq_lens = {list(range(16, 336, 16))}")
         .replace('"fidelity", "accuracy"]', '"fidelity"]')  # costs only: a quick resume
     )
     environment = dict(os.environ)
@@ -190,7 +192,7 @@ def test_ctrl_c_keeps_finished_rows_and_a_resume_elsewhere_runs_each_cell_once(t
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and driver.poll() is None:
         found = list(tmp_path.glob("onray/*/results.jsonl"))
-        if found and found[0].read_text().count("\n") >= 2:
+        if found and found[0].read_text().count("\n") >= 1:
             rows_file = found[0]
             break
         time.sleep(0.2)
