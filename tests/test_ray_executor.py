@@ -187,6 +187,9 @@ def test_ctrl_c_keeps_finished_rows_and_a_resume_elsewhere_runs_each_cell_once(t
         env=environment,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        # A shell's background job inherits SIGINT ignored, and Python then never turns it
+        # into KeyboardInterrupt: give the run the default, as a terminal's Ctrl-C finds it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     rows_file = None
     deadline = time.monotonic() + 120
