@@ -381,8 +381,6 @@ class _FlashWithBiasGradient(torch.autograd.Function):
         scores = scratch.matrix("scores", (batch * heads, block, n_k), q)
         grid = scores.view(batch, heads, block, n_k)
         bias_grid = bias.unfold(-1, n_k, 1) if ctx.hankel else bias
-        if batch > 1 and not bias_grid.is_contiguous():
-            bias_grid = bias_grid.contiguous()  # broadcast over a batch: read unit-stride
         torch.sub(bias_grid, log_sum_exp.to(scores.dtype)[..., None], out=grid)
         if keep is not None:
             grid.masked_fill_(~keep, -math.inf)
@@ -398,7 +396,6 @@ class _FlashWithBiasGradient(torch.autograd.Function):
         # loop on CPU: slower than the product and a subtraction).
         grad_scores = scratch.matrix("grad_scores", (batch * heads, block, n_k), q)
         grad_scores.baddbmm_(grad_out, v.transpose(1, 2), beta=0).sub_(row_dot)
-        skew = None
         if ctx.hankel and batch == 1:
             # dS written skewed (products would not write a strided output), its
             # anti-diagonals summed below. With a batch, the sum over it comes first (it is
@@ -410,7 +407,7 @@ class _FlashWithBiasGradient(torch.autograd.Function):
         grad_q = torch.bmm(grad_scores, k).mul_(ctx.scale)
         grad_k = torch.bmm(q.transpose(1, 2).contiguous(), grad_scores).mul_(ctx.scale)
         if ctx.hankel:
-            if skew is None:
+            if batch > 1:
                 skew, skewed = scratch.hankel((1, heads, block, n_k), q)
                 torch.sum(grad_scores.view(batch, 1, heads, block, n_k), dim=0, out=skewed)
             grad_bias = skew.sum(dim=2).sum_to_size(bias.shape)  # (H, Nq + Nk − 1)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from matplotlib import colormaps
 from matplotlib.axes import Axes
+from matplotlib.colorbar import Colorbar
 from matplotlib.colors import ListedColormap, Normalize, PowerNorm
 from matplotlib.figure import Figure
 
@@ -79,9 +80,7 @@ def _message(axes: Axes, text: str) -> None:
     axes.set_yticks([])
 
 
-def _position_axes(
-    axes: Axes, shape: tuple[int, ...], columns: str, first_column: bool
-) -> None:
+def _position_axes(axes: Axes, shape: tuple[int, ...], columns: str, first_column: bool) -> None:
     """Ticks at the ends and middle of a (queries, columns) picture; the query label only
     on the first column of panels (every panel shares it). Fixed ticks: a tick locator
     per axes makes the layout of dozens of panels take seconds."""
@@ -92,6 +91,14 @@ def _position_axes(
     axes.set_xlabel(columns, fontsize=8)
     if first_column:
         axes.set_ylabel("query position i", fontsize=8)
+
+
+def _bar_ticks(bar: Colorbar, low: float, high: float, count: int) -> None:
+    """`count` fixed, evenly spaced ticks on a colour bar (its own locator costs seconds
+    over dozens of bars)."""
+    ticks = np.linspace(low, high, count)
+    bar.set_ticks(ticks, labels=[f"{tick:.2g}" for tick in ticks])
+    bar.ax.tick_params(labelsize=7)
 
 
 def attention_pattern_figure(
@@ -162,9 +169,7 @@ def attention_pattern_figure(
             interpolation="nearest",
         )
         bar = figure.colorbar(image, ax=top, shrink=0.8, label="weight")
-        ticks = np.linspace(norm.vmin, norm.vmax, 3)  # a locator per bar costs seconds
-        bar.set_ticks(ticks, labels=[f"{tick:.2g}" for tick in ticks])
-        bar.ax.tick_params(labelsize=7)
+        _bar_ticks(bar, norm.vmin, norm.vmax, 3)
         title = _panel_title(declared(name, "display_name") or name, options, original)
         top.set_title(title, fontsize=9, color=variant_colour(name))
         bottom.imshow(
@@ -228,8 +233,6 @@ def relative_bias_figure(
             )
             axes.set_title(f"{name}, head {head}", fontsize=9, color=variant_colour(name))
             _position_axes(axes, bias[head].shape, "key position j", first_column=index == 0)
-        bar = figure.colorbar(image, ax=line, shrink=0.7, label="bias")
-        ticks = np.linspace(-limit, limit, 5)
-        bar.set_ticks(ticks, labels=[f"{tick:.2g}" for tick in ticks])
+        _bar_ticks(figure.colorbar(image, ax=line, shrink=0.7, label="bias"), -limit, limit, 5)
     finish(figure, run, ["each variant's `logit_bias`; its own colour scale per row"])
     return figure
