@@ -547,4 +547,4 @@ def relative_bias_attention(
             blocks.append(checkpoint(attend_block, *arguments, use_reentrant=False))
         else:
             blocks.append(attend_block(*arguments))
-    return torch.cat(blocks, dim=2)  # (B, H, Nq, d)
+    return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2)  # (B, H, Nq, d)
