@@ -26,6 +26,8 @@ from einops import rearrange
 from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
+from playground import native
+
 BAND_BLOCK = 64
 """Queries per block of `banded_attention` (fewer when the band is narrower). A block sees
 its whole chunks of keys, about BAND_BLOCK + band keys for band + 1 useful ones, so smaller
@@ -373,6 +375,20 @@ class _FlashWithBiasGradient(torch.autograd.Function):
             # The flash kernel keeps L in float32; the backward runs there too, as SDPA's
             # own low-precision backward accumulates in float32.
             q, k, v, bias, out, grad_out = (t.float() for t in (q, k, v, bias, out, grad_out))
+        if ctx.hankel and q.dtype == torch.float32 and (compiled := native.load()) is not None:
+            grad_q, grad_k, grad_v, grad_bias = compiled.hankel_biased_backward(
+                *(_rows_unit_stride(t) for t in (q, k, v)),
+                bias.contiguous(),
+                _keys_kept(keep, q.shape[0], k.shape[2]),
+                _rows_unit_stride(out),
+                log_sum_exp.contiguous(),
+                _rows_unit_stride(grad_out),
+                ctx.scale,
+                False,
+            )
+            grad_bias = grad_bias.sum(dim=0).sum_to_size(bias.shape)  # over the batch
+            grads = (grad_q, grad_k, grad_v, grad_bias)
+            return (*(g.to(dtype) for g in grads), None, None, None, None)
         batch, heads, block, n_k = *q.shape[:3], k.shape[2]
         scratch = ctx.scratch or BackwardScratch()
         q, k, v = q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1)  # (B·H, ·, d)
@@ -427,6 +443,20 @@ class _FlashWithBiasGradient(torch.autograd.Function):
         )
 
 
+def _rows_unit_stride(tensor: torch.Tensor) -> torch.Tensor:
+    """tensor (B, H, N, d) as it is when its rows are unit-stride, else a contiguous copy
+    (a gradient that autograd expanded, say)."""
+    rows_apart = tensor.shape[-2] == 1 or tensor.stride(-2) >= tensor.shape[-1]
+    return tensor if tensor.stride(-1) == 1 and rows_apart else tensor.contiguous()
+
+
+def _keys_kept(keep: torch.Tensor | None, batch: int, n_k: int) -> torch.Tensor:
+    """keep (B or 1, 1, 1, Nk) -> a contiguous (B, Nk) bool tensor; None -> an empty one."""
+    if keep is None:
+        return torch.empty(0, dtype=torch.bool)
+    return keep.expand(batch, 1, 1, n_k).reshape(batch, n_k).contiguous()
+
+
 def biased_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -460,6 +490,56 @@ def hankel_biased_attention(
     diagonals (H, Nq + Nk − 1): never formed as a matrix, and its gradient is reduced
     along anti-diagonals inside the backward."""
     return _FlashWithBiasGradient.apply(q, k, v, diagonals, keep, scale, True, scratch)
+
+
+class _NativeRelativeBias(torch.autograd.Function):
+    """`relative_bias_attention`'s training path where `playground.native` is built.
+
+    forward: the CPU flash kernel block by block, as `hankel_biased_attention` does (each
+    block's bias a strided view, a causal block's later keys skipped), keeping every
+    block's O and L. backward: one native call over all queries, which tiles them itself,
+    accumulates dK and dV in place and sums dS along anti-diagonals into the bias
+    gradient: no per-block gradients to allocate, zero and add up.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, keep, scale, block_size, is_causal):
+        n_q, n_k = q.shape[2], k.shape[2]
+        outs, sums = [], []
+        for start in range(0, n_q, block_size):
+            stop = min(start + block_size, n_q)
+            first = max(0, n_k - stop) if is_causal else 0  # reversed keys a block sees
+            mask = bias[:, start + first : stop + n_k - 1].unfold(1, n_k - first, 1)[None]
+            if keep is not None:
+                mask = mask.masked_fill(~keep[..., first:], -math.inf)  # (B, H, block, ·)
+            out, log_sum_exp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q[:, :, start:stop], k[:, :, first:], v[:, :, first:], attn_mask=mask, scale=scale
+            )
+            outs.append(out)
+            sums.append(log_sum_exp)
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, Nq, d)
+        log_sum_exp = sums[0] if len(sums) == 1 else torch.cat(sums, dim=2)  # (B, H, Nq)
+        ctx.save_for_backward(q, k, v, bias, keep, out, log_sum_exp)
+        ctx.scale, ctx.is_causal = scale, is_causal
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, bias, keep, out, log_sum_exp = ctx.saved_tensors
+        dtype = q.dtype
+        grad_q, grad_k, grad_v, grad_bias = native.load().hankel_biased_backward(
+            *(_rows_unit_stride(t.float()) for t in (q, k, v)),
+            bias.float().contiguous(),
+            _keys_kept(keep, q.shape[0], k.shape[2]),
+            _rows_unit_stride(out.float()),
+            log_sum_exp.contiguous(),
+            _rows_unit_stride(grad_out.float()),
+            ctx.scale,
+            ctx.is_causal,
+        )
+        grads = (grad_q, grad_k, grad_v, grad_bias.sum(dim=0))  # the bias's: over the batch
+        return (*(g.to(dtype) for g in grads), None, None, None, None)
 
 
 def relative_bias_attention(
@@ -530,6 +610,11 @@ def relative_bias_attention(
     fused_gradient = (
         torch.is_grad_enabled() and bias.requires_grad and dropout_p == 0.0 and not q.is_cuda
     )
+    if fused_gradient and q.dtype != torch.float64 and native.load() is not None:
+        # Keys contiguous once here, not strided rows in every tile's products.
+        return _NativeRelativeBias.apply(
+            q, k.contiguous(), v.contiguous(), bias, keep, scale, block_size, is_causal
+        )
     scratch = BackwardScratch() if fused_gradient else None
     recompute = (
         torch.is_grad_enabled()

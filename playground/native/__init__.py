@@ -1,0 +1,91 @@
+"""Native CPU kernels, compiled on first use for the machine they run on.
+
+`hankel_backward.cpp` is the fused backward of `kernels.hankel_biased_attention` (learned
+relative biases: T5, learnable ALiBi, any `relative_score_mod`): tiled so that each tile's
+probabilities stay in cache between the five products, which whole-block torch operations
+cannot do. It is optional. Without a C++ compiler, or with PLAYGROUND_NATIVE=0, the
+Python backward in `playground.kernels` runs instead, with the same results; `status()`
+says which runs and why.
+
+The build uses torch's own extension machinery (`torch.utils.cpp_extension.load`, which
+needs ninja) into torch's extensions cache, with -march=native: it is built where it runs.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+SOURCE = Path(__file__).with_name("hankel_backward.cpp")
+DISABLE_VARIABLE = "PLAYGROUND_NATIVE"
+
+
+@dataclass(frozen=True)
+class NativeStatus:
+    """Whether the native kernels are in use, and if not, why."""
+
+    available: bool
+    reason: str
+
+
+_module: ModuleType | None = None
+_status: NativeStatus | None = None
+
+
+def _build() -> ModuleType:
+    from torch.utils import cpp_extension
+
+    # The name carries the machine: a shared home directory's cache must not hand one
+    # CPU's -march=native build to another.
+    name = f"playground_native_{platform.machine()}_{_cpu_signature()}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return cpp_extension.load(
+            name=name,
+            sources=[str(SOURCE)],
+            extra_cflags=["-O3", "-march=native", "-fno-trapping-math", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            verbose=False,
+        )
+
+
+def _cpu_signature() -> str:
+    """A short hash of this CPU's model and flags (Linux), else of platform.processor()."""
+    import hashlib
+
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        lines = [line for line in text.splitlines() if line.startswith(("model name", "flags"))]
+        key = "\n".join(sorted(set(lines)))
+    except OSError:
+        key = platform.processor()
+    return hashlib.sha1(key.encode()).hexdigest()[:10]
+
+
+def load() -> ModuleType | None:
+    """The compiled module, built on the first call; None when it cannot be had (see
+    `status()`). Later calls return the first call's answer."""
+    global _module, _status
+    if _status is not None:
+        return _module
+    if os.environ.get(DISABLE_VARIABLE, "1") == "0":
+        _status = NativeStatus(False, f"disabled by {DISABLE_VARIABLE}=0")
+        return None
+    try:
+        _module = _build()
+        _status = NativeStatus(True, f"built from {SOURCE.name}")
+    except Exception as error:  # no compiler, no ninja, a failed build: the Python path runs
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        _status = NativeStatus(False, f"build failed: {type(error).__name__}: {first_line}")
+    return _module
+
+
+def status() -> NativeStatus:
+    """Whether the native kernels are in use (building them if not yet tried)."""
+    load()
+    assert _status is not None
+    return _status

@@ -1,0 +1,191 @@
+// The backward of softmax(scale · q kᵀ + B) v with a Hankel bias B[h, i, j] = diagonals[h, i + j],
+// fused and tiled so that nothing of size (Nq, Nk) is ever held: the native twin of
+// playground.kernels._FlashWithBiasGradient.backward (the Python path, and its oracle).
+//
+// Per (batch, head) and per tile of TILE_Q queries, over all keys at once:
+//   P  = exp(scale · q kᵀ + B − L)              (0 where a key is hidden)
+//   dV += Pᵀ dO,  dP = dO vᵀ,  dS = P ⊙ (dP − rowsum(dO ⊙ O))
+//   dQ = scale · dS k,  dK += scale · dSᵀ q,  dB[i + j] += dS[i, j]
+// The tile's P and dP stay in the core's cache between the five products, which is what
+// the Python path, working on whole (heads, block, Nk) tensors, cannot do.
+// Threads split the (batch, head) pairs; each owns its dK, dV and bias-gradient row, so
+// nothing is shared. float32 only; the products are the BLAS sgemm torch itself links.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n,
+                       const int* k, const float* alpha, const float* a, const int* lda,
+                       const float* b, const int* ldb, const float* beta, float* c,
+                       const int* ldc);
+
+namespace {
+
+constexpr int64_t TILE_Q = 64;
+
+// Row-major C (m × n) = alpha · op(A) · op(B) + beta · C, through column-major BLAS:
+// a row-major matrix is the column-major transpose, so C = A B is Cᵀ = Bᵀ Aᵀ.
+void matmul(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
+            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+            int64_t ldc) {
+  const char ta = transpose_b ? 'T' : 'N', tb = transpose_a ? 'T' : 'N';
+  const int mm = static_cast<int>(n), nn = static_cast<int>(m), kk = static_cast<int>(k);
+  const int la = static_cast<int>(ldb), lb = static_cast<int>(lda), lc = static_cast<int>(ldc);
+  sgemm_(&ta, &tb, &mm, &nn, &kk, &alpha, b, &la, a, &lb, &beta, c, &lc);
+}
+
+// exp(x) for x <= 0, 0 below −87 (where float32 would go subnormal, as the Python path
+// does): Cody–Waite range reduction and a degree-6 polynomial (Cephes' expf), written so
+// that the compiler vectorises the loop that calls it.
+inline float exp_nonpositive(float x) {
+  const bool hidden = !(x >= -87.0f);  // also −inf and NaN from a hidden key
+  x = hidden ? 0.0f : x;
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  float r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const float scale = __builtin_bit_cast(float, (static_cast<int32_t>(n) + 127) << 23);
+  return hidden ? 0.0f : p * scale;
+}
+
+}  // namespace
+
+namespace {
+
+// The rows (N, d) of one (batch, head) of a (B, H, N, d) tensor with unit-stride rows.
+const float* rows_of(const at::Tensor& t, int64_t batch, int64_t head) {
+  return t.data_ptr<float>() + batch * t.stride(0) + head * t.stride(1);
+}
+
+// The distance between consecutive rows (any, for a single row).
+int64_t row_stride(const at::Tensor& t) { return t.size(2) == 1 ? t.size(3) : t.stride(2); }
+
+}  // namespace
+
+// q, out, grad_out (B, H, Nq, d); k, v (B, H, Nk, d): float32, each row unit-stride (any
+// strides across batch, heads and rows: SDPA's output is (B, N, H, d) in memory); log_sum_exp (B, H, Nq) contiguous; diagonals
+// (H, Nq + Nk − 1) contiguous; keep (B, Nk) bool or an empty tensor.
+// causal: keys are reversed (j' = Nk − 1 − j), so a tile of queries ending at `stop` sees
+// only keys j' >= Nk − stop; the others (−inf in the bias anyway) are skipped.
+// Returns dq, dk, dv (contiguous, shaped like q, k, v) and the bias gradient of each
+// (batch, head), (B, H, Nq + Nk − 1): the caller sums it over the batch.
+std::vector<at::Tensor> hankel_biased_backward(const at::Tensor& q, const at::Tensor& k,
+                                               const at::Tensor& v, const at::Tensor& diagonals,
+                                               const at::Tensor& keep, const at::Tensor& out,
+                                               const at::Tensor& log_sum_exp,
+                                               const at::Tensor& grad_out, double scale_,
+                                               bool causal) {
+  const int64_t batches = q.size(0), heads = q.size(1), n_q = q.size(2), d = q.size(3);
+  const int64_t n_k = k.size(2), width = diagonals.size(1);
+  for (const at::Tensor* t : {&q, &k, &v, &out, &grad_out}) {
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->dim() == 4 && t->size(3) == d &&
+                    (t->stride(3) == 1 || d == 1),
+                "q, k, v, out and grad_out must be float32 (B, H, N, d) with unit-stride rows");
+  }
+  TORCH_CHECK(diagonals.is_contiguous() && diagonals.size(0) == heads && width == n_q + n_k - 1,
+              "diagonals must be a contiguous (H, Nq + Nk - 1) tensor");
+  TORCH_CHECK(log_sum_exp.is_contiguous() && log_sum_exp.scalar_type() == at::kFloat,
+              "log_sum_exp must be a contiguous float32 (B, H, Nq) tensor");
+  const bool masked = keep.numel() > 0;
+  TORCH_CHECK(!masked || (keep.is_contiguous() && keep.scalar_type() == at::kBool &&
+                          keep.numel() == batches * n_k),
+              "keep must be a contiguous (B, Nk) bool tensor");
+  const float scale = static_cast<float>(scale_);
+  const int64_t ldq = row_stride(q), ldk = row_stride(k), ldv = row_stride(v);
+  const int64_t ldo = row_stride(out), lddo = row_stride(grad_out);
+  auto grad_q = at::empty({batches, heads, n_q, d}, q.options());
+  auto grad_k = at::zeros({batches, heads, n_k, d}, q.options());
+  auto grad_v = at::zeros({batches, heads, n_k, d}, q.options());
+  auto grad_diagonals = at::zeros({batches, heads, width}, q.options());
+  const float* lse_ = log_sum_exp.data_ptr<float>();
+  const float* diag_ = diagonals.data_ptr<float>();
+  const bool* keep_ = masked ? keep.data_ptr<bool>() : nullptr;
+
+  // Each thread's tile of P and dS: torch's allocator holds them, so peak memory counts them.
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), batches * heads));
+  auto scratch = at::empty({threads, 2, TILE_Q, n_k}, q.options());
+  at::parallel_for(0, batches * heads, 1, [&](int64_t begin, int64_t end) {
+    const int64_t thread = at::get_thread_num();  // < threads: one range piece per thread
+    TORCH_CHECK(thread < threads, "more threads than scratch tiles");
+    float* p = scratch.data_ptr<float>() + thread * 2 * TILE_Q * n_k;
+    float* ds = p + TILE_Q * n_k;
+    float row_dot[TILE_Q];
+    for (int64_t pair = begin; pair < end; ++pair) {
+      const int64_t batch = pair / heads, head = pair % heads;
+      const float* qh = rows_of(q, batch, head);
+      const float* kh = rows_of(k, batch, head);
+      const float* vh = rows_of(v, batch, head);
+      const float* oh = rows_of(out, batch, head);
+      const float* doh = rows_of(grad_out, batch, head);
+      const float* lse = lse_ + pair * n_q;
+      const float* diagonal = diag_ + head * width;
+      const bool* keep_row = masked ? keep_ + batch * n_k : nullptr;
+      float* dqh = grad_q.data_ptr<float>() + pair * n_q * d;
+      float* dkh = grad_k.data_ptr<float>() + pair * n_k * d;
+      float* dvh = grad_v.data_ptr<float>() + pair * n_k * d;
+      float* dbh = grad_diagonals.data_ptr<float>() + pair * width;
+      for (int64_t start = 0; start < n_q; start += TILE_Q) {
+        const int64_t rows = std::min(TILE_Q, n_q - start);
+        const int64_t first = causal ? std::max<int64_t>(0, n_k - (start + rows)) : 0;
+        const int64_t cols = n_k - first;  // the keys this tile may see: first … Nk − 1
+        const float* k_seen = kh + first * ldk;
+        const float* v_seen = vh + first * ldv;
+        float* dk_seen = dkh + first * d;
+        float* dv_seen = dvh + first * d;
+        const float* q_tile = qh + start * ldq;
+        const float* o_tile = oh + start * ldo;
+        const float* do_tile = doh + start * lddo;
+        // S = scale · q kᵀ (rows × Nk), then P = exp(S + B − L) in place.
+        matmul(false, true, rows, cols, d, scale, q_tile, ldq, k_seen, ldk, 0.0f, p, n_k);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* row = p + r * n_k;
+          const float* bias = diagonal + start + r + first;  // B[i, j] = diagonals[i + j]
+          const float shift = lse[start + r];
+#pragma omp simd
+          for (int64_t j = 0; j < cols; ++j) row[j] = exp_nonpositive(row[j] + bias[j] - shift);
+          if (masked) {
+            const uint8_t* kept = reinterpret_cast<const uint8_t*>(keep_row) + first;
+#pragma omp simd
+            for (int64_t j = 0; j < cols; ++j) row[j] = kept[j] ? row[j] : 0.0f;
+          }
+          float dot = 0.0f;
+          for (int64_t c = 0; c < d; ++c) dot += do_tile[r * lddo + c] * o_tile[r * ldo + c];
+          row_dot[r] = dot;
+        }
+        matmul(true, false, cols, d, rows, 1.0f, p, n_k, do_tile, lddo, 1.0f, dv_seen, d);  // dV += Pᵀ dO
+        matmul(false, true, rows, cols, d, 1.0f, do_tile, lddo, v_seen, ldv, 0.0f, ds, n_k);  // dP = dO vᵀ
+        for (int64_t r = 0; r < rows; ++r) {
+          float* grad_row = ds + r * n_k;
+          const float* row = p + r * n_k;
+          const float dot = row_dot[r];
+          float* bias_grad = dbh + start + r + first;  // dB[i + j] += dS[i, j]
+#pragma omp simd
+          for (int64_t j = 0; j < cols; ++j) {
+            const float value = row[j] * (grad_row[j] - dot);  // dS
+            grad_row[j] = value;
+            bias_grad[j] += value;
+          }
+        }
+        matmul(false, false, rows, d, cols, scale, ds, n_k, k_seen, ldk, 0.0f, dqh + start * d, d);
+        matmul(true, false, cols, d, rows, scale, ds, n_k, q_tile, ldq, 1.0f, dk_seen, d);  // dK += scale · dSᵀ q
+      }
+    }
+  });
+  return {grad_q, grad_k, grad_v, grad_diagonals};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("hankel_biased_backward", &hankel_biased_backward,
+        "Fused backward of softmax(scale q k^T + Hankel bias) v, with the bias gradient");
+}

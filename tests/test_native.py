@@ -1,0 +1,114 @@
+"""The native fused backward (playground.native) against the dense float64 reference and
+against the Python backward it replaces: gradients of q, k, v and the bias, in float32,
+over lengths past its query tile, padding, causality, cross-attention and batches. It is
+optional: without a compiler these tests skip, and the Python path (tests/test_kernels.py)
+is what runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from playground import native
+from playground.kernels import relative_bias_attention
+from tests.test_kernels import H, dense_relative
+
+needs_native = pytest.mark.skipif(
+    not native.status().available, reason=f"native kernels: {native.status().reason}"
+)
+
+
+def _inputs(batch: int, n_q: int, n_k: int, seed: int, dtype=torch.float32):
+    generator = torch.Generator().manual_seed(seed)
+
+    def tensor(*shape):
+        return torch.randn(*shape, generator=generator, dtype=dtype).requires_grad_(True)
+
+    q, k, v = tensor(batch, H, n_q, 8), tensor(batch, H, n_k, 8), tensor(batch, H, n_k, 8)
+    return q, k, v, tensor(H, n_q + n_k - 1)
+
+
+def _padding(batch: int, n_k: int) -> torch.Tensor:
+    mask = torch.ones(2, n_k, dtype=torch.bool)
+    mask[0, n_k // 2 :] = False
+    mask[1, :3] = False  # left padding: under causality the first queries see nothing
+    return mask[:batch]
+
+
+@needs_native
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize(("n_q", "n_k", "block"), [(150, 150, 64), (70, 130, 32), (150, 37, 256)])
+def test_native_backward_matches_the_dense_reference(batch, is_causal, padded, n_q, n_k, block):
+    """float32 native gradients within 1e-5 of the float64 dense ones (tiles of 64 queries:
+    150 ends in a partial tile; a causal tile skips its later keys)."""
+    q, k, v, relative_bias = _inputs(batch, n_q, n_k, seed=n_q + n_k)
+    mask = _padding(batch, n_k) if padded else None
+    context = relative_bias_attention(q, k, v, relative_bias, mask, is_causal, 0.35, block)
+    assert type(context.grad_fn).__name__ == "_NativeRelativeBiasBackward"
+    inputs = (q, k, v, relative_bias)
+    doubled = [t.detach().double().requires_grad_(True) for t in inputs]
+    expected = dense_relative(*doubled[:3], doubled[3], mask, is_causal, 0.35)
+    seen = expected.isfinite().all(dim=-1, keepdim=True)  # rows that see a key
+    weights = torch.randn(expected.shape, generator=torch.Generator().manual_seed(1))
+    ours = torch.autograd.grad((context * weights * seen).sum(), inputs)
+    theirs = torch.autograd.grad(
+        (expected.nan_to_num() * weights.double() * seen).sum(), doubled
+    )
+    for name, mine, reference in zip("q k v bias".split(), ours, theirs, strict=True):
+        error = (mine.double() - reference).abs().max().item()
+        assert error < 1e-5 * max(1.0, reference.abs().max().item()), (name, error)
+
+
+@needs_native
+def test_native_backward_equals_the_python_backward():
+    """The same gradients as the Python backward it replaces (PLAYGROUND_NATIVE=0), to
+    float32 rounding, in bfloat16's float32 accumulation too."""
+    results = {}
+    for path in ("native", "python"):
+        q, k, v, relative_bias = _inputs(2, 96, 96, seed=5)
+        loaded = native._module
+        if path == "python":
+            native._module = None  # what load() returns when the build is unavailable
+        try:
+            context = relative_bias_attention(q, k, v, relative_bias, None, True, 0.35, 40)
+            context.square().sum().backward()
+        finally:
+            native._module = loaded
+        results[path] = [t.grad for t in (q, k, v, relative_bias)]
+    for mine, python in zip(results["native"], results["python"], strict=True):
+        torch.testing.assert_close(mine, python, atol=2e-5, rtol=1e-5)
+
+
+@needs_native
+def test_native_backward_catches_a_wrong_bias_gradient():
+    """The comparison can fail: the bias of j − i is not the bias of i − j."""
+    q, k, v, relative_bias = _inputs(1, 80, 80, seed=2)
+    context = relative_bias_attention(q, k, v, relative_bias, None, False, 0.35, 64)
+    (grad,) = torch.autograd.grad(context.square().sum(), relative_bias)
+    doubled = relative_bias.detach().double().flip(-1).requires_grad_(True)
+    mirrored = dense_relative(q.double(), k.double(), v.double(), doubled, None, False, 0.35)
+    (wrong,) = torch.autograd.grad(mirrored.square().sum(), doubled)
+    assert (grad.double() - wrong.flip(-1)).abs().max() > 1e-3
+
+
+def test_native_kernels_can_be_switched_off():
+    """PLAYGROUND_NATIVE=0: nothing is built, the status says why, training still works."""
+    code = (
+        "import torch; from playground import native; "
+        "from playground.kernels import relative_bias_attention as r; "
+        "q = torch.randn(1, 2, 9, 4, requires_grad=True); b = torch.randn(2, 17, requires_grad=True); "
+        "c = r(q, q, q, b, None, False, 0.5, 4); c.sum().backward(); "
+        "print(native.status().available, native.status().reason, type(c.grad_fn).__name__)"
+    )
+    environment = {**os.environ, native.DISABLE_VARIABLE: "0"}
+    shown = subprocess.run(
+        [sys.executable, "-c", code], env=environment, capture_output=True, text=True, check=True
+    ).stdout
+    assert shown.split()[0] == "False" and "PLAYGROUND_NATIVE=0" in shown, shown
+    assert "_NativeRelativeBias" not in shown
