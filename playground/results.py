@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 import playground
+from playground import native
 from playground.errors import PlaygroundError
 
 ROWS = "results.jsonl"
@@ -394,7 +395,7 @@ def _cpu_name() -> str:
 
 def environment(device: str, threads: int | None = None) -> dict[str, Any]:
     """What produced the numbers: versions, device, node, the torch threads the cells are
-    measured with (default: torch.get_num_threads()), commit."""
+    measured with (default: torch.get_num_threads()), the native kernels' status, commit."""
     cuda = device == "cuda"
     return {
         "playground_version": playground.__version__,
@@ -406,6 +407,8 @@ def environment(device: str, threads: int | None = None) -> dict[str, Any]:
         "cuda_version": torch.version.cuda if cuda else None,
         "node": platform.node(),
         "threads": torch.get_num_threads() if threads is None else threads,
+        # Learned relative biases train on the C++ backward, or on the Python one: say which.
+        "native_kernels": native.status().reason,
         "git_commit": _git_commit(),
         "started_at": datetime.datetime.now().isoformat(timespec="seconds"),
     }

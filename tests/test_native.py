@@ -57,10 +57,8 @@ def test_native_backward_matches_the_dense_reference(batch, is_causal, padded, n
     seen = expected.isfinite().all(dim=-1, keepdim=True)  # rows that see a key
     weights = torch.randn(expected.shape, generator=torch.Generator().manual_seed(1))
     ours = torch.autograd.grad((context * weights * seen).sum(), inputs)
-    theirs = torch.autograd.grad(
-        (expected.nan_to_num() * weights.double() * seen).sum(), doubled
-    )
-    for name, mine, reference in zip("q k v bias".split(), ours, theirs, strict=True):
+    theirs = torch.autograd.grad((expected.nan_to_num() * weights.double() * seen).sum(), doubled)
+    for name, mine, reference in zip(["q", "k", "v", "bias"], ours, theirs, strict=True):
         error = (mine.double() - reference).abs().max().item()
         assert error < 1e-5 * max(1.0, reference.abs().max().item()), (name, error)
 
