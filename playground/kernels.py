@@ -375,19 +375,8 @@ class _FlashWithBiasGradient(torch.autograd.Function):
             # The flash kernel keeps L in float32; the backward runs there too, as SDPA's
             # own low-precision backward accumulates in float32.
             q, k, v, bias, out, grad_out = (t.float() for t in (q, k, v, bias, out, grad_out))
-        if ctx.hankel and q.dtype == torch.float32 and (compiled := native.load()) is not None:
-            grad_q, grad_k, grad_v, grad_bias = compiled.hankel_biased_backward(
-                *(_rows_unit_stride(t) for t in (q, k, v)),
-                bias.contiguous(),
-                _keys_kept(keep, q.shape[0], k.shape[2]),
-                _rows_unit_stride(out),
-                log_sum_exp.contiguous(),
-                _rows_unit_stride(grad_out),
-                ctx.scale,
-                False,
-            )
-            grad_bias = grad_bias.sum(dim=0).sum_to_size(bias.shape)  # over the batch
-            grads = (grad_q, grad_k, grad_v, grad_bias)
+        if ctx.hankel and q.dtype == torch.float32 and native.load() is not None:
+            grads = _native_hankel_backward(ctx, grad_out, False)
             return (*(g.to(dtype) for g in grads), None, None, None, None)
         batch, heads, block, n_k = *q.shape[:3], k.shape[2]
         scratch = ctx.scratch or BackwardScratch()
@@ -455,6 +444,23 @@ def _keys_kept(keep: torch.Tensor | None, batch: int, n_k: int) -> torch.Tensor:
     if keep is None:
         return torch.empty(0, dtype=torch.bool)
     return keep.expand(batch, 1, 1, n_k).reshape(batch, n_k).contiguous()
+
+
+def _native_hankel_backward(ctx, grad_out: torch.Tensor, causal: bool) -> tuple:
+    """dq, dk, dv and the Hankel bias's gradient (float32) from `playground.native`, for a
+    context that saved (q, k, v, bias, keep, out, log_sum_exp) and its `scale`."""
+    q, k, v, bias, keep, out, log_sum_exp = ctx.saved_tensors
+    grad_q, grad_k, grad_v, grad_bias = native.load().hankel_biased_backward(
+        *(_rows_unit_stride(t.float()) for t in (q, k, v)),
+        bias.float().contiguous(),
+        _keys_kept(keep, q.shape[0], k.shape[2]),
+        _rows_unit_stride(out.float()),
+        log_sum_exp.contiguous(),
+        _rows_unit_stride(grad_out.float()),
+        ctx.scale,
+        causal,
+    )
+    return grad_q, grad_k, grad_v, grad_bias.sum(dim=0).sum_to_size(bias.shape)  # over B
 
 
 def biased_attention(
@@ -526,19 +532,8 @@ class _NativeRelativeBias(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
-        q, k, v, bias, keep, out, log_sum_exp = ctx.saved_tensors
-        dtype = q.dtype
-        grad_q, grad_k, grad_v, grad_bias = native.load().hankel_biased_backward(
-            *(_rows_unit_stride(t.float()) for t in (q, k, v)),
-            bias.float().contiguous(),
-            _keys_kept(keep, q.shape[0], k.shape[2]),
-            _rows_unit_stride(out.float()),
-            log_sum_exp.contiguous(),
-            _rows_unit_stride(grad_out.float()),
-            ctx.scale,
-            ctx.is_causal,
-        )
-        grads = (grad_q, grad_k, grad_v, grad_bias.sum(dim=0))  # the bias's: over the batch
+        dtype = ctx.saved_tensors[0].dtype
+        grads = _native_hankel_backward(ctx, grad_out, ctx.is_causal)
         return (*(g.to(dtype) for g in grads), None, None, None, None)
 
 

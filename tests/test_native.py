@@ -110,3 +110,27 @@ def test_native_kernels_can_be_switched_off():
     ).stdout
     assert shown.split()[0] == "False" and "PLAYGROUND_NATIVE=0" in shown, shown
     assert "_NativeRelativeBias" not in shown
+
+
+@needs_native
+@pytest.mark.parametrize("padded", [False, True])
+def test_native_per_block_backward_matches_the_dense_reference(padded):
+    """`hankel_biased_attention` called on its own (one block) takes the native backward
+    too: its gradients against the dense Hankel bias in float64."""
+    from playground.kernels import hankel_biased_attention
+
+    generator = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, H, 70, 8, generator=generator) for _ in "qkv")
+    diagonals = torch.randn(H, 139, generator=generator)
+    keep = torch.ones(2, 1, 1, 70, dtype=torch.bool)
+    keep[1, ..., 50:] = not padded
+    inputs = [t.requires_grad_(True) for t in (q, k, v, diagonals)]
+    context = hankel_biased_attention(*inputs[:3], inputs[3], 0.35, keep if padded else None)
+    doubled = [t.detach().double().requires_grad_(True) for t in inputs]
+    bias = doubled[3].unfold(-1, 70, 1)  # (H, Nq, Nk): B[h, i, j] = diagonals[h, i + j]
+    scores = doubled[0] @ doubled[1].transpose(-2, -1) * 0.35 + bias
+    expected = scores.masked_fill(~keep, float("-inf")).softmax(-1) @ doubled[2]
+    ours = torch.autograd.grad(context.square().sum(), inputs)
+    theirs = torch.autograd.grad(expected.square().sum(), doubled)
+    for mine, reference in zip(ours, theirs, strict=True):
+        assert (mine.double() - reference).abs().max() < 1e-5 * max(1.0, reference.abs().max())
