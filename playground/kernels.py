@@ -356,9 +356,10 @@ class _FlashWithBiasGradient(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, bias, keep, scale, hankel, scratch):
-        mask = bias.unfold(-1, k.shape[2], 1)[None] if hankel else bias
-        if keep is not None:
-            mask = mask.masked_fill(~keep, -math.inf)
+        if hankel:
+            mask = _hankel_mask(bias, keep, k.shape[2])
+        else:
+            mask = bias if keep is None else bias.masked_fill(~keep, -math.inf)
         out, log_sum_exp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, attn_mask=mask, scale=scale
         )  # a row that sees no key: O = 0, L = 0
@@ -498,6 +499,24 @@ def hankel_biased_attention(
     return _FlashWithBiasGradient.apply(q, k, v, diagonals, keep, scale, True, scratch)
 
 
+def _block_view(
+    bias: torch.Tensor, keep: torch.Tensor | None, start: int, stop: int, n_k: int, causal: bool
+) -> tuple[int, torch.Tensor, torch.Tensor | None]:
+    """What queries start … stop − 1 see, keys reversed (j' = Nk − 1 − j): the first key
+    index (a causal block sees keys j <= stop − 1 only: reversed indices from Nk − stop),
+    the block's bias diagonals (H, block + Nk − first − 1) and its keys' mask, or None."""
+    first = max(0, n_k - stop) if causal else 0
+    block_keep = None if keep is None else keep[..., first:]
+    return first, bias[:, start + first : stop + n_k - 1], block_keep
+
+
+def _hankel_mask(diagonals: torch.Tensor, keep: torch.Tensor | None, n_k: int) -> torch.Tensor:
+    """The additive mask B[h, i, j] = diagonals[h, i + j] over n_k keys: (1, H, Nq, n_k), a
+    strided view; with keep (B, 1, 1, n_k), a (B, H, Nq, n_k) tensor with −inf at hidden keys."""
+    mask = diagonals.unfold(-1, n_k, 1)[None]
+    return mask if keep is None else mask.masked_fill(~keep, -math.inf)
+
+
 class _NativeRelativeBias(torch.autograd.Function):
     """`relative_bias_attention`'s training path where `playground.native` is built.
 
@@ -514,12 +533,13 @@ class _NativeRelativeBias(torch.autograd.Function):
         outs, sums = [], []
         for start in range(0, n_q, block_size):
             stop = min(start + block_size, n_q)
-            first = max(0, n_k - stop) if is_causal else 0  # reversed keys a block sees
-            mask = bias[:, start + first : stop + n_k - 1].unfold(1, n_k - first, 1)[None]
-            if keep is not None:
-                mask = mask.masked_fill(~keep[..., first:], -math.inf)  # (B, H, block, ·)
+            first, windows, block_keep = _block_view(bias, keep, start, stop, n_k, is_causal)
             out, log_sum_exp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                q[:, :, start:stop], k[:, :, first:], v[:, :, first:], attn_mask=mask, scale=scale
+                q[:, :, start:stop],
+                k[:, :, first:],
+                v[:, :, first:],
+                attn_mask=_hankel_mask(windows, block_keep, n_k - first),
+                scale=scale,
             )
             outs.append(out)
             sums.append(log_sum_exp)
@@ -577,22 +597,16 @@ def relative_bias_attention(
     keep = None if attention_mask is None else attention_mask.flip(-1)[:, None, None, :]
 
     def attend_block(start: int, stop: int, q_block, k, v, bias, keep) -> torch.Tensor:
-        # A causal block sees keys j <= stop − 1 only: reversed indices from Nk − stop.
-        first = max(0, n_k - stop) if is_causal else 0
-        windows = bias[:, start + first : stop + n_k - 1]  # diagonals of this block
-        block_keep = None if keep is None else keep[..., first:]
+        first, windows, block_keep = _block_view(bias, keep, start, stop, n_k, is_causal)
         if fused_gradient:
             return hankel_biased_attention(
                 q_block, k[:, :, first:], v[:, :, first:], windows, scale, block_keep, scratch
             )
-        mask = windows.unfold(1, n_k - first, 1)[None]  # (1, H, block, Nk − first), a view
-        if keep is not None:
-            mask = mask.masked_fill(~block_keep, float("-inf"))  # (B, H, block, ·)
         return F.scaled_dot_product_attention(
             q_block,
             k[:, :, first:],
             v[:, :, first:],
-            attn_mask=mask,
+            attn_mask=_hankel_mask(windows, block_keep, n_k - first),
             dropout_p=dropout_p,
             scale=scale,
         )  # (B, H, block, d)

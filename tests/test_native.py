@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -134,3 +135,27 @@ def test_native_per_block_backward_matches_the_dense_reference(padded):
     theirs = torch.autograd.grad(expected.square().sum(), doubled)
     for mine, reference in zip(ours, theirs, strict=True):
         assert (mine.double() - reference).abs().max() < 1e-5 * max(1.0, reference.abs().max())
+
+
+def test_a_failed_build_warns_once_and_leaves_the_python_path(monkeypatch):
+    """A machine without a compiler: one warning that names the reason and the fix, then
+    the Python backward, with the status saying why."""
+
+    def no_compiler():
+        raise RuntimeError("Error building extension: c++: not found")
+
+    monkeypatch.setattr(native, "_build", no_compiler)
+    monkeypatch.setattr(native, "_module", None)
+    monkeypatch.setattr(native, "_status", None)
+    monkeypatch.delenv(native.DISABLE_VARIABLE, raising=False)
+    with pytest.warns(RuntimeWarning, match="c\\+\\+: not found.*PLAYGROUND_NATIVE=0"):
+        assert native.load() is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert native.load() is None  # the answer is kept: no second build, no second warning
+    assert not native.status().available and "c++: not found" in native.status().reason
+    q, k, v, relative_bias = _inputs(1, 9, 9, seed=0)
+    context = relative_bias_attention(q, k, v, relative_bias, None, False, 0.5, 4)
+    context.sum().backward()
+    assert type(context.grad_fn).__name__ != "_NativeRelativeBiasBackward"
+    assert relative_bias.grad is not None

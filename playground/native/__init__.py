@@ -81,6 +81,14 @@ def load() -> ModuleType | None:
     except Exception as error:  # no compiler, no ninja, a failed build: the Python path runs
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
         _status = NativeStatus(False, f"build failed: {type(error).__name__}: {first_line}")
+        warnings.warn(
+            f"playground.native could not be built ({_status.reason}); learned relative "
+            f"biases (t5_relative, learnable ALiBi) train on the slower Python backward, with "
+            f"the same results. Install a C++ compiler and ninja for the fast one, or set "
+            f"{DISABLE_VARIABLE}=0 to use the Python backward without this warning.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return _module
 
 

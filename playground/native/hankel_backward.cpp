@@ -89,13 +89,18 @@ std::vector<at::Tensor> hankel_biased_backward(const at::Tensor& q, const at::Te
   const int64_t batches = q.size(0), heads = q.size(1), n_q = q.size(2), d = q.size(3);
   const int64_t n_k = k.size(2), width = diagonals.size(1);
   for (const at::Tensor* t : {&q, &k, &v, &out, &grad_out}) {
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->dim() == 4 && t->size(3) == d &&
-                    (t->stride(3) == 1 || d == 1),
-                "q, k, v, out and grad_out must be float32 (B, H, N, d) with unit-stride rows");
+    const int64_t n = (t == &k || t == &v) ? n_k : n_q;
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->dim() == 4 &&
+                    t->sizes() == at::IntArrayRef({batches, heads, n, d}) &&
+                    (t->stride(3) == 1 || d == 1 || t->numel() == 0),
+                "q, out and grad_out must be float32 (B, H, Nq, d), k and v (B, H, Nk, d), "
+                "each with unit-stride rows");
   }
-  TORCH_CHECK(diagonals.is_contiguous() && diagonals.size(0) == heads && width == n_q + n_k - 1,
-              "diagonals must be a contiguous (H, Nq + Nk - 1) tensor");
-  TORCH_CHECK(log_sum_exp.is_contiguous() && log_sum_exp.scalar_type() == at::kFloat,
+  TORCH_CHECK(diagonals.scalar_type() == at::kFloat && diagonals.is_contiguous() &&
+                  diagonals.dim() == 2 && diagonals.size(0) == heads && width == n_q + n_k - 1,
+              "diagonals must be a contiguous float32 (H, Nq + Nk - 1) tensor");
+  TORCH_CHECK(log_sum_exp.is_contiguous() && log_sum_exp.scalar_type() == at::kFloat &&
+                  log_sum_exp.numel() == batches * heads * n_q,
               "log_sum_exp must be a contiguous float32 (B, H, Nq) tensor");
   const bool masked = keep.numel() > 0;
   TORCH_CHECK(!masked || (keep.is_contiguous() && keep.scalar_type() == at::kBool &&
