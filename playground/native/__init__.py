@@ -82,9 +82,9 @@ def load() -> ModuleType | None:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
         _status = NativeStatus(False, f"build failed: {type(error).__name__}: {first_line}")
         warnings.warn(
-            f"playground.native could not be built ({_status.reason}); learned relative "
-            f"biases (t5_relative, learnable ALiBi) train on the slower Python backward, with "
-            f"the same results. Install a C++ compiler and ninja for the fast one, or set "
+            f"playground.native could not be built ({_status.reason}); variants with a "
+            f"learned relative bias train on the slower Python backward, with the same "
+            f"results. Install a C++ compiler and ninja for the fast one, or set "
             f"{DISABLE_VARIABLE}=0 to use the Python backward without this warning.",
             RuntimeWarning,
             stacklevel=2,
