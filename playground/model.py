@@ -29,6 +29,7 @@ from torch import nn
 
 from playground.contract import AttentionVariant
 from playground.errors import ConfigError, UnsupportedFeature
+from playground.linear_layers import use_fast_linears
 from playground.registry import Registry
 
 
@@ -175,6 +176,9 @@ class TransformerClassifier(nn.Module):
         # A sequence classified from position 0 makes that position global where the
         # variant has global attention (Longformer §3.1: [CLS] is global for classification).
         self.global_first_token = config.target == "sequence" and config.pooling == "first"
+        # Its own layers and its attention's projections on the faster float32 CPU GEMM
+        # (playground.linear_layers: oneDNN where torch's MKL runs below the CPU's width).
+        use_fast_linears(self)
 
     @property
     def attentions(self) -> list[AttentionVariant]:

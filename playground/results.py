@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 import playground
-from playground import native
+from playground import linear_layers, native
 from playground.errors import PlaygroundError
 
 ROWS = "results.jsonl"
@@ -395,7 +395,7 @@ def _cpu_name() -> str:
 
 def environment(device: str, threads: int | None = None) -> dict[str, Any]:
     """What produced the numbers: versions, device, node, the torch threads the cells are
-    measured with (default: torch.get_num_threads()), the native kernels' status, commit."""
+    measured with (default: torch.get_num_threads()), the native kernels' status, the linear layers' library, commit."""
     cuda = device == "cuda"
     return {
         "playground_version": playground.__version__,
@@ -409,6 +409,8 @@ def environment(device: str, threads: int | None = None) -> dict[str, Any]:
         "threads": torch.get_num_threads() if threads is None else threads,
         # Learned relative biases train on the C++ backward, or on the Python one: say which.
         "native_kernels": native.status().reason,
+        # The library the classifier model's float32 CPU linear layers run on.
+        "linear_backend": linear_layers.backend(),
         "git_commit": _git_commit(),
         "started_at": datetime.datetime.now().isoformat(timespec="seconds"),
     }
