@@ -22,8 +22,9 @@ only by queries i >= j.
 `impl="reference"` builds the full (N, N) mask of these rules and does a masked softmax:
 O(N²), the oracle. `impl="fast"` is banded, O(N·(w + G)) in time and memory: the local rows
 are the core's `banded_attention` (playground.kernels) with the global tokens as prefix
-keys, and the global rows are one more SDPA call over (B, H, G, N). Backward runs through
-SDPA. SDPA cannot return probabilities, so `need_weights=True` runs the reference (the
+keys, and the global rows are one more SDPA call over (B, H, G, N), with K_g and V_g folded
+into the G global queries when that is cheaper than projecting every token. Backward runs
+through SDPA. SDPA cannot return probabilities, so `need_weights=True` runs the reference (the
 dense (B, H, N, N) weights are O(N²) anyway).
 """
 
@@ -101,12 +102,17 @@ class LongformerAttention(AttentionVariant):
         window = int(options.get("attention_window", 512))
         num_global = min(len(set(options.get("global_tokens", ()))), n_q)  # type: ignore[arg-type]
         projections = 2 * (n_q + 2 * n_k + n_q) * d_model * d_model  # q, k, v, out
-        if num_global:
+        local_pairs = (n_q - num_global) * (min(n_k, window + 1) + num_global)
+        scores_and_mix = 2 * 2 * local_pairs * d_model  # Q Kᵀ and P V
+        if num_global and folds_global_keys(num_global, num_heads, d_model):
+            # q_g for the global tokens; K_g and V_g folded into them (_global_rows).
+            width = d_model + 1
+            projections += 2 * num_global * d_model * d_model + 2 * 2 * num_global * d_model * width
+            scores_and_mix += 2 * 2 * num_global * num_heads * n_k * width
+        elif num_global:
             # q_g for the global tokens only; k_g and v_g for every position they attend to.
             projections += 2 * (num_global + 2 * n_k) * d_model * d_model
-        local_pairs = (n_q - num_global) * (min(n_k, window + 1) + num_global)
-        global_pairs = num_global * n_k
-        scores_and_mix = 2 * 2 * (local_pairs + global_pairs) * d_model  # Q Kᵀ and P V
+            scores_and_mix += 2 * 2 * num_global * n_k * d_model
         return float(projections + scores_and_mix)
 
     def __init__(self, d_model: int = 512, num_heads: int = 8, **options: object) -> None:
@@ -272,14 +278,18 @@ class LongformerAttention(AttentionVariant):
 
     def _global_rows(self, x, real, positions, used, is_causal) -> torch.Tensor:
         """The global queries' rows: full attention with the global projections ->
-        (B, G, d_model), one row per slot of `positions`."""
-        n = x.shape[1]
-        index = positions[..., None].expand(-1, -1, x.shape[-1])  # (B, G, E)
-        q_global = split_heads(
-            self.q_global_proj(x.gather(1, index)), self.num_heads
-        )  # (B, H, G, d)
-        k_global = split_heads(self.k_global_proj(x), self.num_heads)  # (B, H, N, d)
-        v_global = split_heads(self.v_global_proj(x), self.num_heads)
+        (B, G, d_model), one row per slot of `positions`.
+
+        Only the G global queries read K_g and V_g, so with few of them (G·H < d_model)
+        those projections of every token are folded into the queries instead of computed:
+        per head h, with x̂ = [x, 1] and Ŵ = [W | b],
+            scores = q_h (x W_k,hᵀ + b_k,h)ᵀ = (q_h Ŵ_k,h) x̂ᵀ
+            rows   = P (x W_v,hᵀ + b_v,h)    = (P x̂) Ŵ_v,hᵀ,
+        O(G·H·N·d_model) instead of O(N·d_model²); the same numbers to rounding."""
+        batch, n, width = x.shape
+        heads, slots = self.num_heads, positions.shape[1]
+        index = positions[..., None].expand(-1, -1, width)  # (B, G, E)
+        q_global = split_heads(self.q_global_proj(x.gather(1, index)), heads)  # (B, H, G, d)
         allowed = real[:, None, None, :] & used[:, None, :, None]  # (B, 1, G, N)
         if is_causal:
             key_position = torch.arange(n, device=x.device)
@@ -287,8 +297,35 @@ class LongformerAttention(AttentionVariant):
         # An unused slot sees nothing; let it see key 0 (finite) to keep SDPA free of NaN.
         # Its row is never read, so that key gets no gradient.
         allowed[..., 0] |= ~allowed.any(dim=-1)
-        rows = F.scaled_dot_product_attention(q_global, k_global, v_global, attn_mask=allowed)
+        if not folds_global_keys(slots, heads, width):
+            k_global = split_heads(self.k_global_proj(x), heads)  # (B, H, N, d)
+            v_global = split_heads(self.v_global_proj(x), heads)
+            rows = F.scaled_dot_product_attention(q_global, k_global, v_global, attn_mask=allowed)
+            return merge_heads(rows)  # (B, G, E)
+
+        def augmented(projection: nn.Linear) -> torch.Tensor:  # Ŵ per head: (H, d, E + 1)
+            return torch.cat([projection.weight, projection.bias[:, None]], 1).view(
+                heads, -1, width + 1
+            )
+
+        tokens = torch.cat([x, x.new_ones(batch, n, 1)], dim=-1)[:, None]  # x̂: (B, 1, N, E + 1)
+        queries = q_global @ augmented(self.k_global_proj)  # (B, H, G, E + 1)
+        # Every head's queries against the one x̂: (B, 1, H·G, E + 1), no copy of x̂ per head.
+        mixed = F.scaled_dot_product_attention(
+            queries.flatten(1, 2)[:, None],
+            tokens,
+            tokens,
+            attn_mask=allowed.expand(-1, heads, -1, -1).flatten(1, 2)[:, None],
+            scale=1 / math.sqrt(self.head_dim),
+        )  # P x̂: (B, 1, H·G, E + 1)
+        rows = mixed.reshape(batch, heads, slots, width + 1) @ augmented(self.v_global_proj).mT
         return merge_heads(rows)  # (B, G, E)
+
+
+def folds_global_keys(num_global: int, num_heads: int, d_model: int) -> bool:
+    """Whether `_global_rows` folds K_g and V_g into the global queries: when that costs
+    less than projecting every token (G·H < d_model)."""
+    return num_global * num_heads < d_model
 
 
 def _padded(real: torch.Tensor) -> torch.Tensor | None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
@@ -123,15 +124,24 @@ def test_fast_path_matches_the_reference_at_other_block_shapes(n, window):
         assert (outputs[0].output - outputs[1].output).abs().max().item() < 1e-12
 
 
-def test_fast_path_gradients_match_the_reference():
-    fast = build(attention_window=4, global_tokens=(0, 5))
-    reference = build(attention_window=4, global_tokens=(0, 5), impl="reference")
+@pytest.mark.parametrize(
+    "global_tokens, folded",
+    [((0, 5), True), (tuple(range(0, 16, 2)), False)],
+    ids=["K_g and V_g folded into 2 global queries", "8 global queries: K_g, V_g projected"],
+)
+@pytest.mark.parametrize("causal", [True, False])
+def test_fast_path_gradients_match_the_reference(global_tokens, folded, causal):
+    fast = build(attention_window=4, global_tokens=global_tokens)
+    reference = build(attention_window=4, global_tokens=global_tokens, impl="reference")
     reference.load_state_dict(fast.state_dict())
-    mask = torch.ones(2, 11, dtype=torch.bool)
-    mask[1, 7:] = False
-    upstream = tokens(2, 11, seed=3)
+    plugin = sys.modules[type(fast).__module__]
+    assert plugin.folds_global_keys(len(global_tokens), HEADS, D_MODEL) == folded
+    n = 20
+    mask = torch.ones(2, n, dtype=torch.bool)
+    mask[1, 13:] = False
+    upstream = tokens(2, n, seed=3)
     for module in (fast, reference):
-        output = module(tokens(2, 11), attention_mask=mask, is_causal=True).output
+        output = module(tokens(2, n), attention_mask=mask, is_causal=causal).output
         (output * upstream).sum().backward()
     for (name, a), b in zip(fast.named_parameters(), reference.parameters(), strict=True):
         assert a.grad.abs().max() > 0, name
@@ -219,9 +229,16 @@ def test_flops_clip_the_window_and_grow_linearly():
     short = flops(8, 8, 64, 4, attention_window=512)
     assert short == 2 * 4 * 8 * 64 * 64 + 4 * 8 * 8 * 64  # every query sees all 8 keys
     with_global = flops(8, 8, 64, 4, attention_window=4, global_tokens=(0,))
-    local_pairs, global_pairs = 7 * (5 + 1), 8
-    projections = 2 * (4 * 8 + 1 + 2 * 8) * 64 * 64
-    assert with_global == projections + 4 * (local_pairs + global_pairs) * 64
+    local_pairs = 7 * (5 + 1)
+    # One global query, 4 heads: K_g and V_g folded into it (G·H < d_model), so no
+    # projection of every token, and its 4 heads' scores and mix at width d_model + 1.
+    projections = 2 * (4 * 8 + 1) * 64 * 64 + 2 * 2 * 64 * 65
+    assert with_global == projections + 4 * local_pairs * 64 + 4 * 4 * 8 * 65
+    # Two global queries of 4 heads at d_model 8: K_g and V_g projected for every token.
+    projected = flops(8, 8, 8, 4, attention_window=4, global_tokens=(0, 1))
+    local_pairs, global_pairs = 6 * (5 + 2), 2 * 8
+    projections = 2 * (4 * 8 + 2 + 2 * 8) * 8 * 8
+    assert projected == projections + 4 * (local_pairs + global_pairs) * 8
     n, options = 1 << 16, dict(global_tokens=(0,))
     growth = flops(2 * n, 2 * n, 512, 8, **options) / flops(n, n, 512, 8, **options)
     assert growth == pytest.approx(2, rel=1e-3)
