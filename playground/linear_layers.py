@@ -22,13 +22,14 @@ for its own layers and its attention's projections.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
+
+from playground.cpu import cpuinfo_field
 
 Backend = Literal["onednn", "blas"]
 VARIABLE = "PLAYGROUND_LINEAR"
@@ -38,13 +39,7 @@ _backend: Backend | None = None
 
 def _cpu_vendor() -> str:
     """The CPU's vendor id (`GenuineIntel`, `AuthenticAMD`, …) on Linux; "" elsewhere."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("vendor_id"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    return cpuinfo_field("vendor_id")
 
 
 def _onednn_op_available() -> bool:

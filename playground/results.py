@@ -35,6 +35,7 @@ import torch
 
 import playground
 from playground import linear_layers, native
+from playground.cpu import cpuinfo_field
 from playground.errors import PlaygroundError
 
 ROWS = "results.jsonl"
@@ -384,13 +385,7 @@ def _git_commit() -> str | None:
 
 
 def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpuinfo_field("model name") or platform.processor() or platform.machine()
 
 
 def environment(device: str, threads: int | None = None) -> dict[str, Any]:
