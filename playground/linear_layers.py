@@ -27,7 +27,6 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.autograd.function import once_differentiable
 
 from playground.cpu import cpuinfo_field
 
@@ -86,46 +85,68 @@ def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
 
 
 class _OneDNNLinear(torch.autograd.Function):
-    """y = x Wᵀ + b with every product on oneDNN: dx = dy W, dW = dyᵀ x, db = Σ dy."""
+    """y = x Wᵀ + b with every product on oneDNN: dx = dy W, dW = dyᵀ x, db = Σ dy.
+
+    Under `create_graph` (a gradient of a gradient) the backward is written in torch's
+    own differentiable operations instead, so second-order gradients are right."""
 
     @staticmethod
     def forward(ctx, x, weight, bias):
         rows = x.reshape(-1, x.shape[-1])  # (M, in)
-        ctx.save_for_backward(rows, weight)
-        ctx.input_shape, ctx.has_bias = x.shape, bias is not None
+        # Each is kept only for the gradient that reads it: x for dW, W for dx.
+        ctx.save_for_backward(
+            rows if ctx.needs_input_grad[1] else None,
+            weight if ctx.needs_input_grad[0] else None,
+        )
+        ctx.input_shape, ctx.out_features = x.shape, weight.shape[0]
+        ctx.has_bias = bias is not None
         return _onednn(rows, weight, bias).reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_out):
         rows, weight = ctx.saved_tensors
-        grad_rows = grad_out.reshape(-1, weight.shape[0])  # (M, out)
+        grad_rows = grad_out.reshape(-1, ctx.out_features)  # (M, out)
+        differentiable = torch.is_grad_enabled()  # create_graph=True
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
-            grad_x = _onednn(grad_rows, weight.t(), None).reshape(ctx.input_shape)
+            product = grad_rows @ weight if differentiable else _onednn(grad_rows, weight.t(), None)
+            grad_x = product.reshape(ctx.input_shape)
         if ctx.needs_input_grad[1]:
             # oneDNN reads the transposes through copies, and is still the faster here.
-            grad_weight = _onednn(grad_rows.t(), rows.t(), None)  # (out, in)
+            grad_weight = (
+                grad_rows.t() @ rows if differentiable else _onednn(grad_rows.t(), rows.t(), None)
+            )  # (out, in)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad_rows.sum(dim=0)
         return grad_x, grad_weight, grad_bias
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)`, on oneDNN where `backend()` says so and it applies
-    (CPU float32 tensors, at least one row)."""
-    if (
-        backend() == "onednn"
+def _applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether oneDNN computes this product: float32 CPU tensors of matching shapes, at
+    least one row, outside autocast, tracing and torch.func transforms (which need
+    torch's own operations); everything else is F.linear's, errors included."""
+    return (
+        not torch.jit.is_tracing()  # first: a traced shape comparison would be a tensor
+        and backend() == "onednn"
         and x.device.type == "cpu"
         and x.dtype == weight.dtype == torch.float32
-        and (bias is None or bias.dtype == torch.float32)
+        and weight.dim() == 2
         and x.dim() >= 1
+        and x.shape[-1] == weight.shape[1]
+        and (bias is None or (bias.dtype == torch.float32 and bias.shape == weight.shape[:1]))
         and x.numel() > 0
         and weight.numel() > 0
         and not (x.is_mkldnn or weight.is_mkldnn)
         and not torch.is_autocast_enabled("cpu")  # autocast casts inside F.linear
-    ):
-        return _OneDNNLinear.apply(x, weight, bias)
+        and torch._C._functorch.peek_interpreter_stack() is None
+    )
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)`, on oneDNN where `backend()` says so and it applies."""
+    if _applies(x, weight, bias):
+        # oneDNN reads a bias as contiguous whatever its strides: give it one that is.
+        return _OneDNNLinear.apply(x, weight, None if bias is None else bias.contiguous())
     return F.linear(x, weight, bias)
 
 

@@ -63,6 +63,7 @@ def _check_against_f_linear(shape, out_features, *, bias=True, grads=(True, True
 def _close(got: torch.Tensor, expected: torch.Tensor) -> None:
     """Equal to float32 rounding of sums in another order: within 1e-5 of the largest."""
     assert got.shape == expected.shape
+    got, expected = got.detach(), expected.detach()
     scale = expected.abs().max().clamp(min=1.0)
     assert float((got - expected).abs().max() / scale) < 1e-5
 
@@ -200,3 +201,61 @@ def test_the_model_trains_the_same_on_either_library():
     finally:
         linear_layers.set_backend(previous)
     assert losses["blas"] == pytest.approx(losses["onednn"], rel=1e-4)
+
+
+@needs_onednn
+def test_a_bias_of_any_strides(onednn):
+    """oneDNN reads a bias as contiguous: a strided or expanded one must still be right."""
+    x, weight = torch.randn(5, 16), torch.randn(4, 16)
+    for bias in (torch.randn(8)[::2], torch.tensor([3.0]).expand(4)):
+        _close(linear(x, weight, bias), F.linear(x, weight, bias))
+
+
+@needs_onednn
+def test_second_order_gradients(onednn):
+    """A Hessian and a gradient penalty (create_graph=True) equal nn.Linear's."""
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 1))
+    fast = copy.deepcopy(plain)
+    use_fast_linears(fast)
+    point = torch.randn(4)
+    hessians = [
+        torch.autograd.functional.hessian(lambda p, m=model: m(p).sum(), point)
+        for model in (plain, fast)
+    ]
+    assert hessians[0].abs().max() > 0
+    _close(hessians[1], hessians[0])
+    batch = torch.randn(5, 4)
+    for model in (plain, fast):
+        inputs = batch.clone().requires_grad_(True)
+        (gradient,) = torch.autograd.grad(model(inputs).sum(), inputs, create_graph=True)
+        gradient.pow(2).sum().backward()
+    for a, b in zip(fast.parameters(), plain.parameters(), strict=True):
+        assert (a.grad is None) == (b.grad is None)  # the last bias: no second-order term
+        if a.grad is not None:
+            _close(a.grad, b.grad)
+
+
+@needs_onednn
+def test_a_frozen_layer_keeps_no_input(onednn):
+    """With the weight frozen, the input is not saved: changing it in place afterwards is
+    fine, as with nn.Linear."""
+    layer = FastLinear(8, 3).requires_grad_(False)
+    hidden = torch.randn(4, 8, requires_grad=True) * 1.0
+    out = layer(hidden)
+    hidden.mul_(2)
+    out.sum().backward()
+
+
+@needs_onednn
+def test_torch_func_transforms_take_f_linear(onednn):
+    weight = torch.randn(4, 16)
+    batch = torch.randn(3, 16)
+    _close(torch.func.vmap(lambda v: linear(v, weight))(batch), F.linear(batch, weight))
+    jacobian = torch.func.jacrev(lambda v: linear(v, weight).sum())(batch[0])
+    _close(jacobian, weight.sum(dim=0))
+
+
+def test_wrong_shapes_get_torchs_own_message(onednn):
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        FastLinear(4, 6)(torch.randn(3, 5))
