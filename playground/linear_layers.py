@@ -80,7 +80,8 @@ def set_backend(name: Backend | None) -> None:
 
 
 def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x (M, in) @ weightᵀ (+ bias) -> (M, out); any strides (oneDNN reads them)."""
+    """x (M, in) @ weightᵀ (+ bias) -> (M, out). x and weight may have any strides (oneDNN
+    reads them, copying where it must); bias must be contiguous (its strides are ignored)."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
