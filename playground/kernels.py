@@ -171,11 +171,12 @@ def _span_heads(spans: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 class _FlashBand(torch.autograd.Function):
     """`banded_attention` on CPU: forward, one flash call per sequence over its blocks'
-    spans (strided views of the key buffer, never copied per block); backward, the flash
-    kernel's own backward per sequence, then each span's key gradient folded back onto
-    the buffer by `span_chunks` shifted adds, and the buffer's onto keys and prefix. Only
-    the blocks within the band are ever touched, in backward as in forward; autograd would
-    go through the buffer's copies and views instead, with a zero tensor per step."""
+    spans (strided views of the key buffer, never copied per block); backward, in float32
+    where `playground.native` is built, its fused kernel, which adds each span's key and
+    value gradients in place onto the buffer's; elsewhere `python_backward`. Then the
+    buffer's gradient goes onto keys and prefix. Only the blocks within the band are ever
+    touched, in backward as in forward; autograd would go through the buffer's copies and
+    views instead, with a zero tensor per step."""
 
     @staticmethod
     def forward(ctx, queries, keys_values, prefix_keys_values, mask, band, num_heads):
@@ -204,9 +205,40 @@ class _FlashBand(torch.autograd.Function):
         q, buffer, mask, out, log_sum_exp = ctx.saved_tensors
         band, heads = ctx.band, ctx.num_heads
         grad_out = band.query_blocks(grad_context, heads)  # (B, blocks, H, block, d)
+        if q.dtype == torch.float32 and native.load() is not None:
+            grad_q, grad_buffer = native.load().banded_backward(
+                _rows_unit_stride(q),
+                buffer.contiguous(),
+                mask.contiguous(),
+                _rows_unit_stride(out),
+                log_sum_exp.contiguous(),
+                _rows_unit_stride(grad_out),
+                band.rows,
+                q.shape[-1] ** -0.5,
+            )
+        else:
+            grad_q, grad_buffer = _FlashBand.python_backward(
+                q, buffer, mask, out, log_sum_exp, grad_out, band, heads
+            )
+        grad_buffer = grad_buffer.unflatten(1, (band.chunks, band.rows))
+        grad_keys_values, grad_prefix = band.unchunked(grad_buffer)
+        return (
+            band.context(grad_q),
+            grad_keys_values,
+            grad_prefix if ctx.has_prefix else None,
+            None,
+            None,
+            None,
+        )
+
+    @staticmethod
+    def python_backward(q, buffer, mask, out, log_sum_exp, grad_out, band, heads):
+        """dq (B, blocks, H, block, d) and the buffer's gradient (B, chunks·rows, 2E) by
+        the flash kernel's own backward per sequence, each span's key and value gradient
+        then folded back onto the buffer by `span_chunks` shifted adds."""
         grad_q = torch.empty_like(out)
-        width = grad_context.shape[-1]
-        # (B, chunks, rows, H, 2, d): keys' then values' gradient per buffer row
+        width = buffer.shape[-1] // 2
+        # (B, chunks, rows, 2, H, d): keys' then values' gradient per buffer row
         grad_buffer = buffer.new_zeros(
             buffer.shape[0], band.chunks, band.rows, 2, heads, width // heads
         )
@@ -230,15 +262,7 @@ class _FlashBand(torch.autograd.Function):
                 for chunk in range(band.span_chunks):
                     target = grad_buffer[b, chunk : chunk + band.num_blocks, :, kv]
                     target += grad[:, :, chunk].transpose(1, 2)  # (blocks, rows, H, d)
-        grad_keys_values, grad_prefix = band.unchunked(grad_buffer.flatten(-3))
-        return (
-            band.context(grad_q),
-            grad_keys_values,
-            grad_prefix if ctx.has_prefix else None,
-            None,
-            None,
-            None,
-        )
+        return grad_q, grad_buffer.flatten(1, 2).flatten(-3)
 
 
 def banded_attention(

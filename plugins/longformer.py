@@ -23,8 +23,9 @@ only by queries i >= j.
 O(N²), the oracle. `impl="fast"` is banded, O(N·(w + G)) in time and memory: the local rows
 are the core's `banded_attention` (playground.kernels) with the global tokens as prefix
 keys, and the global rows are one more SDPA call over (B, H, G, N), with K_g and V_g folded
-into the G global queries when that is cheaper than projecting every token. Backward runs
-through SDPA. SDPA cannot return probabilities, so `need_weights=True` runs the reference (the
+into the G global queries when that is cheaper than projecting every token. Backward: the
+banded kernel's own (fused, in place over the key buffer) and SDPA's for the global rows.
+SDPA cannot return probabilities, so `need_weights=True` runs the reference (the
 dense (B, H, N, N) weights are O(N²) anyway).
 """
 

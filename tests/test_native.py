@@ -1,8 +1,9 @@
-"""The native fused backward (playground.native) against the dense float64 reference and
-against the Python backward it replaces: gradients of q, k, v and the bias, in float32,
-over lengths past its query tile, padding, causality, cross-attention and batches. It is
-optional: without a compiler these tests skip, and the Python path (tests/test_kernels.py)
-is what runs."""
+"""The native fused backwards (playground.native) against the dense float64 references and
+against the Python backwards they replace, in float32: for relative biases, gradients of
+q, k, v and the bias over lengths past its query tile, padding, causality, cross-attention
+and batches; for bands, gradients of queries, keys, values and prefix keys over the band
+shapes of tests/test_kernels.py. They are optional: without a compiler these tests skip,
+and the Python paths (tests/test_kernels.py) are what runs."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import pytest
 import torch
 
 from playground import native
-from playground.kernels import relative_bias_attention
-from tests.test_kernels import H, dense_relative
+from playground.kernels import banded_attention, relative_bias_attention
+from tests.test_kernels import CASES, H, dense_banded, dense_relative
 
 needs_native = pytest.mark.skipif(
     not native.status().available, reason=f"native kernels: {native.status().reason}"
@@ -159,3 +160,92 @@ def test_a_failed_build_warns_once_and_leaves_the_python_path(monkeypatch):
     context.sum().backward()
     assert type(context.grad_fn).__name__ != "_NativeRelativeBiasBackward"
     assert relative_bias.grad is not None
+
+
+class _Spy:
+    """A stand-in for the native module that counts banded_backward's calls, optionally
+    handing it a broken argument."""
+
+    def __init__(self, module, break_mask: bool = False):
+        self.module, self.break_mask, self.calls = module, break_mask, 0
+
+    def banded_backward(self, q, buffer, mask, *rest):
+        self.calls += 1
+        if self.break_mask:
+            mask = torch.zeros_like(mask)  # a kernel that ignores the band and the padding
+        return self.module.banded_backward(q, buffer, mask, *rest)
+
+
+def _banded_gradients(case, seed: int, width: int = 8):
+    """float32 gradients of banded_attention on `case`, and float64 dense ones."""
+    n, before, after, prefix, causal_prefix, block = case
+    generator = torch.Generator().manual_seed(seed)
+    batch = 2
+
+    def tensor(*shape):
+        return torch.randn(*shape, generator=generator, requires_grad=True)
+
+    queries, keys_values = tensor(batch, n, width), tensor(batch, n, 2 * width)
+    key_ok = torch.rand(batch, n, generator=generator) > 0.3
+    key_ok[1, : before + after + 2] = False  # rows that see nothing
+    prefix_kv = tensor(batch, prefix, 2 * width) if prefix else None
+    prefix_ok = (torch.rand(batch, prefix, generator=generator) > 0.3) if prefix else None
+    positions = torch.randint(0, n, (batch, prefix), generator=generator) if causal_prefix else None
+    inputs = [t for t in (queries, keys_values, prefix_kv) if t is not None]
+    context = banded_attention(
+        queries, keys_values, key_ok, H, before, after, prefix_kv, prefix_ok, positions, block
+    )
+    doubled = [t.detach().double().requires_grad_(True) for t in inputs]
+    expected, seen = dense_banded(
+        doubled[0],
+        doubled[1],
+        key_ok,
+        before,
+        after,
+        doubled[2] if prefix else None,
+        prefix_ok,
+        positions,
+    )
+    weights = torch.randn(expected.shape, generator=generator, dtype=torch.float64)
+    ours = torch.autograd.grad((context * weights.float())[seen].sum(), inputs)
+    theirs = torch.autograd.grad((expected * weights)[seen].sum(), doubled)
+    return ours, theirs
+
+
+@needs_native
+@pytest.mark.parametrize("case", [*CASES, (300, 64, 64, 2, True, 64), (257, 100, 0, 0, False, 64)])
+def test_native_banded_backward_matches_the_dense_reference(case, monkeypatch):
+    """float32 native gradients of queries, keys, values and prefix keys within 1e-5 of
+    the float64 dense band's, with the native kernel seen to run."""
+    spy = _Spy(native.load())
+    monkeypatch.setattr(native, "_module", spy)
+    ours, theirs = _banded_gradients(case, seed=sum(case[:3]), width=8 if case[0] < 100 else 64)
+    assert spy.calls == 1
+    for mine, reference in zip(ours, theirs, strict=True):
+        error = (mine.double() - reference).abs().max().item()
+        assert error < 1e-5 * max(1.0, reference.abs().max().item()), error
+
+
+@needs_native
+def test_native_banded_backward_equals_the_python_backward():
+    """The same gradients as the Python backward it replaces (PLAYGROUND_NATIVE=0)."""
+    results = {}
+    for path in ("native", "python"):
+        loaded = native._module
+        if path == "python":
+            native._module = None
+        try:
+            results[path] = _banded_gradients((200, 40, 30, 2, True, 32), seed=3, width=32)[0]
+        finally:
+            native._module = loaded
+    for mine, python in zip(results["native"], results["python"], strict=True):
+        torch.testing.assert_close(mine, python, atol=2e-6, rtol=1e-5)
+
+
+@needs_native
+def test_native_banded_backward_catches_a_kernel_that_ignores_the_mask(monkeypatch):
+    """The comparison can fail: the same kernel, handed no mask, gives other gradients."""
+    monkeypatch.setattr(native, "_module", _Spy(native.load(), break_mask=True))
+    ours, theirs = _banded_gradients(CASES[2], seed=1)
+    errors = [(mine.double() - ref).abs().max() for mine, ref in zip(ours, theirs, strict=True)]
+    assert max(errors) > 1e-2

@@ -1,11 +1,15 @@
 """Native CPU kernels, compiled on first use for the machine they run on.
 
-`hankel_backward.cpp` is the fused backward of `kernels.hankel_biased_attention` (learned
-relative biases: T5, learnable ALiBi, any `relative_score_mod`): tiled so that each tile's
-probabilities stay in cache between the five products, which whole-block torch operations
-cannot do. It is optional. Without a C++ compiler, or with PLAYGROUND_NATIVE=0, the
-Python backward in `playground.kernels` runs instead, with the same results; `status()`
-says which runs and why.
+Two fused backwards, tiled so that each tile's probabilities stay in cache between the five
+products, which whole-block torch operations cannot do:
+- `hankel_backward.cpp`: that of `kernels.hankel_biased_attention` (learned relative
+  biases: T5, learnable ALiBi, any `relative_score_mod`), with the bias gradient;
+- `banded_backward.cpp`: that of `kernels.banded_attention` (sliding windows, Longformer),
+  adding each span's key and value gradients in place, with nothing span-sized to zero.
+
+They are optional. Without a C++ compiler, or with PLAYGROUND_NATIVE=0, the Python
+backwards in `playground.kernels` run instead, with the same results; `status()` says
+which runs and why.
 
 The build uses torch's own extension machinery (`torch.utils.cpp_extension.load`, which
 needs ninja) into torch's extensions cache, with -march=native: it is built where it runs.
@@ -13,6 +17,7 @@ needs ninja) into torch's extensions cache, with -march=native: it is built wher
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import warnings
@@ -20,7 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-SOURCE = Path(__file__).with_name("hankel_backward.cpp")
+SOURCES = tuple(
+    Path(__file__).with_name(name)
+    for name in ("module.cpp", "hankel_backward.cpp", "banded_backward.cpp")
+)
+HEADERS = (Path(__file__).with_name("native.h"),)
 DISABLE_VARIABLE = "PLAYGROUND_NATIVE"
 
 
@@ -39,14 +48,15 @@ _status: NativeStatus | None = None
 def _build() -> ModuleType:
     from torch.utils import cpp_extension
 
-    # The name carries the machine: a shared home directory's cache must not hand one
-    # CPU's -march=native build to another.
-    name = f"playground_native_{platform.machine()}_{_cpu_signature()}"
+    # The name carries the machine (a shared home directory's cache must not hand one
+    # CPU's -march=native build to another) and the sources' hash (torch rebuilds when a
+    # source changes, but not when only the header does).
+    name = f"playground_native_{platform.machine()}_{_cpu_signature()}_{_source_signature()}"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return cpp_extension.load(
             name=name,
-            sources=[str(SOURCE)],
+            sources=[str(path) for path in SOURCES],
             extra_cflags=["-O3", "-march=native", "-fno-trapping-math", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
             verbose=False,
@@ -55,8 +65,6 @@ def _build() -> ModuleType:
 
 def _cpu_signature() -> str:
     """A short hash of this CPU's model and flags (Linux), else of platform.processor()."""
-    import hashlib
-
     try:
         text = Path("/proc/cpuinfo").read_text()
         lines = [line for line in text.splitlines() if line.startswith(("model name", "flags"))]
@@ -64,6 +72,14 @@ def _cpu_signature() -> str:
     except OSError:
         key = platform.processor()
     return hashlib.sha1(key.encode()).hexdigest()[:10]
+
+
+def _source_signature() -> str:
+    """A short hash of the native sources and headers."""
+    digest = hashlib.sha1()
+    for path in (*SOURCES, *HEADERS):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:8]
 
 
 def load() -> ModuleType | None:
@@ -77,7 +93,7 @@ def load() -> ModuleType | None:
         return None
     try:
         _module = _build()
-        _status = NativeStatus(True, f"built from {SOURCE.name}")
+        _status = NativeStatus(True, f"built from {', '.join(path.name for path in SOURCES)}")
     except Exception as error:  # no compiler, no ninja, a failed build: the Python path runs
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
         _status = NativeStatus(False, f"build failed: {type(error).__name__}: {first_line}")

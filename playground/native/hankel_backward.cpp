@@ -10,58 +10,18 @@
 // the Python path, working on whole (heads, block, Nk) tensors, cannot do.
 // Threads split the (batch, head) pairs; each owns its dK, dV and bias-gradient row, so
 // nothing is shared. float32 only; the products are the BLAS sgemm torch itself links.
-#include <torch/extension.h>
+#include "native.h"
+
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstdint>
 #include <cstring>
-#include <vector>
 
-extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n,
-                       const int* k, const float* alpha, const float* a, const int* lda,
-                       const float* b, const int* ldb, const float* beta, float* c,
-                       const int* ldc);
+namespace playground_native {
 
 namespace {
 
 constexpr int64_t TILE_Q = 64;
-
-// Row-major C (m × n) = alpha · op(A) · op(B) + beta · C, through column-major BLAS:
-// a row-major matrix is the column-major transpose, so C = A B is Cᵀ = Bᵀ Aᵀ.
-void matmul(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
-            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-            int64_t ldc) {
-  const char ta = transpose_b ? 'T' : 'N', tb = transpose_a ? 'T' : 'N';
-  const int mm = static_cast<int>(n), nn = static_cast<int>(m), kk = static_cast<int>(k);
-  const int la = static_cast<int>(ldb), lb = static_cast<int>(lda), lc = static_cast<int>(ldc);
-  sgemm_(&ta, &tb, &mm, &nn, &kk, &alpha, b, &la, a, &lb, &beta, c, &lc);
-}
-
-// exp(x) for x <= 0, 0 below −87 (where float32 would go subnormal, as the Python path
-// does): Cody–Waite range reduction and a degree-6 polynomial (Cephes' expf), written so
-// that the compiler vectorises the loop that calls it.
-inline float exp_nonpositive(float x) {
-  const bool hidden = !(x >= -87.0f);  // also −inf and NaN from a hidden key
-  x = hidden ? 0.0f : x;
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  float r = x - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const float scale = __builtin_bit_cast(float, (static_cast<int32_t>(n) + 127) << 23);
-  return hidden ? 0.0f : p * scale;
-}
-
-}  // namespace
-
-namespace {
 
 // The rows (N, d) of one (batch, head) of a (B, H, N, d) tensor with unit-stride rows.
 const float* rows_of(const at::Tensor& t, int64_t batch, int64_t head) {
@@ -74,8 +34,8 @@ int64_t row_stride(const at::Tensor& t) { return t.size(2) == 1 ? t.size(3) : t.
 }  // namespace
 
 // q, out, grad_out (B, H, Nq, d); k, v (B, H, Nk, d): float32, each row unit-stride (any
-// strides across batch, heads and rows: SDPA's output is (B, N, H, d) in memory); log_sum_exp (B, H, Nq) contiguous; diagonals
-// (H, Nq + Nk − 1) contiguous; keep (B, Nk) bool or an empty tensor.
+// strides across batch, heads and rows: SDPA's output is (B, N, H, d) in memory);
+// log_sum_exp (B, H, Nq) contiguous; diagonals (H, Nq + Nk − 1) contiguous; keep (B, Nk) bool or an empty tensor.
 // causal: keys are reversed (j' = Nk − 1 − j), so a tile of queries ending at `stop` sees
 // only keys j' >= Nk − stop; the others (−inf in the bias anyway) are skipped.
 // Returns dq, dk, dv (contiguous, shaped like q, k, v) and the bias gradient of each
@@ -190,7 +150,4 @@ std::vector<at::Tensor> hankel_biased_backward(const at::Tensor& q, const at::Te
   return {grad_q, grad_k, grad_v, grad_diagonals};
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("hankel_biased_backward", &hankel_biased_backward,
-        "Fused backward of softmax(scale q k^T + Hankel bias) v, with the bias gradient");
-}
+}  // namespace playground_native
