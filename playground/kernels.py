@@ -8,6 +8,8 @@ variant keeps its projections, its rules for which token is which, and its outpu
 - `biased_attention`: softmax(scale · q kᵀ + bias) v on the CPU flash kernel with a fused
   backward that gives the bias its gradient too (SDPA gives none for a mask);
   `hankel_biased_attention` for a bias given by its anti-diagonals.
+- `blocked_attention`: blocks of queries, each over its own span of keys with a mask;
+  on CPU a flash forward per block and one fused backward over all of them.
 - `relative_bias_attention`: softmax(scale · q kᵀ + T) v with a Toeplitz bias T (one value
   per head and relative position j − i), blocked over queries,
   `hankel_biased_attention` per block when T needs a gradient.
@@ -18,6 +20,7 @@ All are differentiable, built on torch's fused attention kernels.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -153,6 +156,14 @@ class _Band:
         mask[..., own : own + self.block].diagonal(dim1=-2, dim2=-1).masked_fill_(empty, 0.0)
         return mask
 
+    def blocks(self) -> list[tuple[int, int, int, int]]:
+        """Per block: its queries' start and stop, and its span's first and last + 1 rows
+        of the buffer."""
+        return [
+            (i * self.block, (i + 1) * self.block, i * self.rows, i * self.rows + self.span)
+            for i in range(self.num_blocks)
+        ]
+
     def query_blocks(self, queries: torch.Tensor, num_heads: int) -> torch.Tensor:
         """(B, N, E) -> (B, blocks, H, block, d), a view of queries padded to whole blocks."""
         if self.num_blocks * self.block > self.n:
@@ -206,24 +217,18 @@ class _FlashBand(torch.autograd.Function):
         band, heads = ctx.band, ctx.num_heads
         grad_out = band.query_blocks(grad_context, heads)  # (B, blocks, H, block, d)
         if q.dtype == torch.float32 and native.load() is not None:
-            grad_q, grad_buffer = native.load().banded_backward(
-                _rows_unit_stride(q),
-                buffer.contiguous(),
-                mask.contiguous(),
-                _rows_unit_stride(out),
-                log_sum_exp.contiguous(),
-                _rows_unit_stride(grad_out),
-                band.rows,
-                q.shape[-1] ** -0.5,
+            grad_context, grad_buffer = _FlashBand.native_backward(
+                q, buffer, mask, out, log_sum_exp, grad_out, band
             )
         else:
-            grad_q, grad_buffer = _FlashBand.python_backward(
-                q, buffer, mask, out, log_sum_exp, grad_out, band, heads
+            grad_context, grad_buffer = _FlashBand.python_backward(
+                q, buffer, mask, out, log_sum_exp, grad_out, band
             )
-        grad_buffer = grad_buffer.unflatten(1, (band.chunks, band.rows))
-        grad_keys_values, grad_prefix = band.unchunked(grad_buffer)
+        grad_keys_values, grad_prefix = band.unchunked(
+            grad_buffer.unflatten(1, (band.chunks, band.rows))
+        )
         return (
-            band.context(grad_q),
+            grad_context,
             grad_keys_values,
             grad_prefix if ctx.has_prefix else None,
             None,
@@ -232,10 +237,40 @@ class _FlashBand(torch.autograd.Function):
         )
 
     @staticmethod
-    def python_backward(q, buffer, mask, out, log_sum_exp, grad_out, band, heads):
-        """dq (B, blocks, H, block, d) and the buffer's gradient (B, chunks·rows, 2E) by
-        the flash kernel's own backward per sequence, each span's key and value gradient
-        then folded back onto the buffer by `span_chunks` shifted adds."""
+    def native_backward(q, buffer, mask, out, log_sum_exp, grad_out, band):
+        """The context's gradient (B, N, E) and the buffer's (B, chunks·rows, 2E) from
+        `playground.native`'s blocked backward, which adds each span's key and value
+        gradients in place onto the buffer's: (B, blocks, H, block, ·) tensors are read
+        as (B, H, blocks·block, ·), the buffer's keys and values as (B, H, rows, d)."""
+        heads = q.shape[2]
+
+        def by_head(blocks: torch.Tensor) -> torch.Tensor:
+            return blocks.transpose(1, 2).flatten(2, 3)  # a view when it can be
+
+        def keys_and_values(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            pair = rows.unflatten(-1, (2, heads, -1)).transpose(1, 3)  # (B, H, 2, R, d)
+            return pair[:, :, 0], pair[:, :, 1]
+
+        grad_buffer = torch.zeros_like(buffer)
+        grad_q = native.load().blocked_backward(
+            by_head(q),
+            *keys_and_values(buffer),
+            _rows_unit_stride(by_head(out)),
+            by_head(log_sum_exp),
+            _rows_unit_stride(by_head(grad_out)),
+            *keys_and_values(grad_buffer),
+            torch.tensor(band.blocks(), dtype=torch.long),
+            list(mask[:, :, None].unbind(1)),  # (B, 1, block, span) each
+            q.shape[-1] ** -0.5,
+        )
+        return rearrange(grad_q, "b h n d -> b n (h d)")[:, : band.n], grad_buffer
+
+    @staticmethod
+    def python_backward(q, buffer, mask, out, log_sum_exp, grad_out, band):
+        """The context's gradient (B, N, E) and the buffer's (B, chunks·rows, 2E) by the
+        flash kernel's own backward per sequence, each span's key and value gradient then
+        folded back onto the buffer by `span_chunks` shifted adds."""
+        heads = q.shape[2]
         grad_q = torch.empty_like(out)
         width = buffer.shape[-1] // 2
         # (B, chunks, rows, 2, H, d): keys' then values' gradient per buffer row
@@ -262,7 +297,7 @@ class _FlashBand(torch.autograd.Function):
                 for chunk in range(band.span_chunks):
                     target = grad_buffer[b, chunk : chunk + band.num_blocks, :, kv]
                     target += grad[:, :, chunk].transpose(1, 2)  # (blocks, rows, H, d)
-        return grad_q, grad_buffer.flatten(1, 2).flatten(-3)
+        return band.context(grad_q), grad_buffer.flatten(1, 2).flatten(-3)
 
 
 def banded_attention(
@@ -313,6 +348,131 @@ def banded_attention(
         for b in range(queries.shape[0])
     ]
     return band.context(torch.stack(contexts))
+
+
+Block = tuple[int, int, int, int]
+"""(start, stop, key_start, key_stop): a block of queries and the span of keys it sees."""
+
+
+class _FlashBlocks(torch.autograd.Function):
+    """`blocked_attention` on CPU: forward, the flash kernel per block over its span,
+    keeping the per-row log-sum-exp; backward, in float32 where `playground.native` is
+    built, its blocked kernel over every block at once, elsewhere the flash kernel's own
+    backward per block. Either way each span's key and value gradients are added in place
+    onto the keys' and values', where autograd through per-block slices would give each
+    block a zero tensor the size of all the keys."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, blocks, masks, scale):
+        batch, heads, n_q = q.shape[:3]
+        out = torch.zeros_like(q)
+        log_sum_exp = q.new_zeros(
+            batch, heads, n_q, dtype=torch.promote_types(q.dtype, torch.float32)
+        )
+        for (start, stop, key_start, key_stop), mask in zip(blocks, masks, strict=True):
+            if key_stop <= key_start or stop <= start:
+                continue  # no keys: the caller zeroes these rows
+            out[:, :, start:stop], log_sum_exp[:, :, start:stop] = (
+                torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                    q[:, :, start:stop],
+                    k[:, :, key_start:key_stop],
+                    v[:, :, key_start:key_stop],
+                    attn_mask=mask,
+                    scale=scale,
+                )
+            )
+        ctx.save_for_backward(q, k, v, out, log_sum_exp, *masks)
+        ctx.blocks, ctx.scale = blocks, scale
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, out, log_sum_exp, *masks = ctx.saved_tensors
+        grad_k, grad_v = torch.zeros_like(k), torch.zeros_like(v)
+        if q.dtype == torch.float32 and native.load() is not None:
+            grad_q = native.load().blocked_backward(
+                *(_rows_unit_stride(t) for t in (q, k, v, out)),
+                log_sum_exp,
+                _rows_unit_stride(grad_out),
+                grad_k,
+                grad_v,
+                torch.tensor(ctx.blocks, dtype=torch.long).view(-1, 4),
+                [q.new_empty(0) if mask is None else mask for mask in masks],
+                ctx.scale,
+            )
+            return grad_q, grad_k, grad_v, None, None, None
+        grad_q = torch.zeros_like(q)
+        for (start, stop, key_start, key_stop), mask in zip(ctx.blocks, masks, strict=True):
+            if key_stop <= key_start or stop <= start:
+                continue
+            keys = slice(key_start, key_stop)
+            dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                grad_out[:, :, start:stop],
+                q[:, :, start:stop],
+                k[:, :, keys],
+                v[:, :, keys],
+                out[:, :, start:stop],
+                log_sum_exp[:, :, start:stop].contiguous(),
+                0.0,
+                False,
+                attn_mask=mask,
+                scale=ctx.scale,
+            )
+            grad_q[:, :, start:stop] = dq
+            grad_k[:, :, keys] += dk
+            grad_v[:, :, keys] += dv
+        return grad_q, grad_k, grad_v, None, None, None
+
+
+def blocked_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    blocks: Sequence[Block],
+    masks: Sequence[torch.Tensor | None],
+    scale: float,
+) -> torch.Tensor:
+    """Blocks of queries, each over its own span of keys -> context (B, H, Nq, d).
+
+    q (B, H, Nq, d), k and v (B, H, Nk, d). blocks[i] = (start, stop, key_start,
+    key_stop): queries start … stop − 1 see only keys key_start … key_stop − 1, further
+    limited by masks[i]: None (every key of the span), bool (True: seen) or an additive
+    float bias, broadcastable to (B, H, stop − start, key_stop − key_start); a mask gets
+    no gradient (a learned bias: `biased_attention`). Every query of a block with keys
+    must see one of them (else its row is NaN); a block without keys, and a query in no
+    block, gets 0.
+
+    How: on CPU, `_FlashBlocks` (flash forward per block; a fused backward that never
+    holds a gradient the size of all keys per block); elsewhere SDPA per block under
+    autograd. Time and memory are those of the spans, O(Σ block · span).
+    """
+    if any(mask is not None and mask.requires_grad for mask in masks):
+        raise ValueError(
+            "blocked_attention gives masks no gradient; a learned bias needs "
+            "biased_attention (or relative_bias_attention), which returns one"
+        )
+    masks = [
+        None
+        if mask is None
+        else _additive(mask, q.dtype)
+        if mask.dtype == torch.bool
+        else mask.to(q.dtype)
+        for mask in masks
+    ]
+    if q.device.type == "cpu":
+        return _FlashBlocks.apply(q, k, v, tuple(blocks), masks, scale)
+    context = q.new_zeros(q.shape)
+    for (start, stop, key_start, key_stop), mask in zip(blocks, masks, strict=True):
+        if key_stop > key_start and stop > start:
+            context[:, :, start:stop] = F.scaled_dot_product_attention(
+                q[:, :, start:stop],
+                k[:, :, key_start:key_stop],
+                v[:, :, key_start:key_stop],
+                attn_mask=mask,
+                scale=scale,
+            )
+    return context
 
 
 class BackwardScratch:

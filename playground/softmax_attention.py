@@ -22,10 +22,11 @@ call's padding mask and `is_causal` (AND-ed with `mask_mod`), queries that see n
   an additive `score_mod` (`additive_score_mod = True`: score + f(b, h, q, kv)) is turned
   into a bias for fused SDPA; any other is applied to explicit block scores. In training
   each block is recomputed in backward (activation checkpointing), so memory stays
-  O(n · block) and parameters used in `score_mod` get their gradients; a `mask_mod` alone
-  is not recomputed when all blocks' masks together take no more than q, k and v (a
-  window's do; a dense causal mask's do not). FlexAttention has no CPU backward, which is
-  why this path exists.
+  O(n · block) and parameters used in `score_mod` get their gradients; without a
+  `score_mod`, when all blocks' masks together take no more than q, k and v (a window's
+  do; a dense causal mask's do not), the masks are kept instead and every block goes to
+  one `kernels.blocked_attention` call, whose fused backward adds each span's key
+  gradients in place. FlexAttention has no CPU backward, which is why this path exists.
 - CUDA: `flex_attention` with `create_block_mask`, compiled, with the same methods.
 
 `need_weights=True` runs the reference (the weights are dense anyway).
@@ -51,7 +52,7 @@ from playground.heads import (
     project_output,
     projection_flops,
 )
-from playground.kernels import biased_attention, relative_bias_attention
+from playground.kernels import biased_attention, blocked_attention, relative_bias_attention
 from playground.masks import empty_query_rows, masked_softmax, queries_without_keys
 
 MOD_CHUNK_ELEMENTS = 2**19
@@ -421,6 +422,11 @@ class SoftmaxAttention(AttentionVariant):
             recompute = self._mask_bytes(spans, batch, heads, attention_mask, q.device) > (
                 3 * q.numel() * q.element_size()
             )
+        if torch.is_grad_enabled() and not q.is_cuda and not recompute:
+            fused = self._forward_fused(q, k, v, spans, attention_mask, is_causal)
+            if fused is not None:
+                context, empty = fused
+                return AttentionOutput(self._output(context, query, empty), None)
         scratch = None
         if not torch.is_grad_enabled() and (self._additive or not self._has_score_mod):
             # Inference: every block's mask in one buffer, whose pages are then touched
@@ -457,6 +463,42 @@ class SoftmaxAttention(AttentionVariant):
         context = torch.cat(contexts, dim=2)  # (B, H, Nq, d)
         empty = torch.cat(empties, dim=1)[..., None]  # (B, Nq, 1)
         return AttentionOutput(self._output(context, query, empty if empty.any() else None), None)
+
+    def _forward_fused(
+        self, q, k, v, spans, attention_mask, is_causal
+    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """Training on CPU when every block's mask is kept: one `blocked_attention` call
+        over all blocks, whose backward adds each span's key gradients in place (autograd
+        through per-block slices would give every block a zero tensor the size of all
+        the keys). -> (context (B, H, Nq, d), empty (B, Nq, 1) or None), or None when this
+        path does not apply: a score_mod that is not additive, or a bias that needs a
+        gradient (the per-block path gives it one)."""
+        if self._has_score_mod and not self._additive:
+            return None
+        batch, heads = q.shape[0], q.shape[1]
+        masks, seen = [], []
+        for start, stop, key_start, key_stop in spans:
+            if key_stop <= key_start:
+                masks.append(None)
+                seen.append(torch.zeros(batch, 1, stop - start, dtype=torch.bool, device=q.device))
+                continue
+            keep = None if attention_mask is None else attention_mask[:, key_start:key_stop]
+            shape = (batch, heads, stop - start, key_stop - key_start)
+            mask, sees = self._span_mask(start, key_start, shape, keep, is_causal, q)
+            if mask is not None and mask.requires_grad:
+                return None
+            masks.append(mask)
+            seen.append(
+                torch.ones(batch, 1, stop - start, dtype=torch.bool, device=q.device)
+                if sees is None
+                else sees
+            )
+        context = blocked_attention(q, k, v, spans, masks, self.scale)
+        seen = torch.cat([rows.expand(batch, heads, -1) for rows in seen], dim=-1)  # (B, H, Nq)
+        if bool(seen.all()):
+            return context, None
+        context = context.masked_fill(~seen[..., None], 0.0)
+        return context, ~seen.any(dim=1)[..., None]
 
     def _forward_flex(self, query, key, value, attention_mask, is_causal) -> AttentionOutput:
         from torch.nn.attention.flex_attention import create_block_mask

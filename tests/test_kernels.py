@@ -1,6 +1,7 @@
 """The core's fast kernels against dense references: the same outputs and the same
 gradients, over shapes that split into several blocks, partial last blocks, bands wider
-than the sequence, prefix keys, padding and causality."""
+than the sequence, prefix keys, padding, causality, overlapping key spans and blocks
+without keys."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 from einops import rearrange
 
-from playground.kernels import banded_attention, relative_bias_attention
+from playground.kernels import banded_attention, blocked_attention, relative_bias_attention
 from playground.masks import masked_softmax, queries_without_keys
 
 H = 2
@@ -178,3 +179,62 @@ def test_queries_without_keys_match_the_dense_rule(is_causal):
     expected = ~allowed.any(dim=-1)
     assert torch.equal(queries_without_keys(mask, n_q, 4, is_causal)[..., 0], expected)
     assert queries_without_keys(None, n_q, 4, is_causal) is None
+
+
+def blocked_case(dtype, seed: int = 0, batch: int = 2, n: int = 23, d: int = 4):
+    """Inputs of blocked_attention with every kind of block: overlapping spans, a bool
+    mask per batch element, an additive float mask per head, no mask, a block without
+    keys, and queries in no block; and its dense answer's allowed/bias (B, H, N, N)."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def tensor(*shape):
+        return torch.randn(*shape, generator=generator, dtype=dtype, requires_grad=True)
+
+    q, k, v = tensor(batch, H, n, d), tensor(batch, H, n, d), tensor(batch, H, n, d)
+    blocks = [(0, 5, 0, 9), (5, 10, 2, 15), (10, 16, 8, 23), (16, 19, 0, 0), (21, 23, 20, 23)]
+    bool_mask = torch.rand(batch, 1, 5, 13, generator=generator) > 0.3
+    bool_mask[..., 0] = True  # every query sees a key
+    bias = torch.randn(1, H, 6, 15, generator=generator, dtype=dtype)
+    masks = [None, bool_mask, bias, None, None]
+    allowed = torch.zeros(batch, H, n, n, dtype=torch.bool)
+    dense_bias = torch.zeros(batch, H, n, n, dtype=dtype)
+    for (start, stop, key_start, key_stop), mask in zip(blocks, masks, strict=True):
+        rows, keys = slice(start, stop), slice(key_start, key_stop)
+        allowed[:, :, rows, keys] = True if mask is None or mask.dtype != torch.bool else mask
+        if mask is not None and mask.dtype != torch.bool:
+            dense_bias[:, :, rows, keys] = mask
+    return (q, k, v), blocks, masks, allowed, dense_bias
+
+
+def dense_blocked(q, k, v, allowed, bias, scale):
+    scores = q @ k.transpose(-2, -1) * scale + bias
+    return masked_softmax(scores, allowed) @ v  # rows without keys: 0
+
+
+def test_blocked_attention_matches_the_dense_answer():
+    """Outputs and the gradients of q, k and v, in float64 (the flash backward per block)."""
+    (q, k, v), blocks, masks, allowed, bias = blocked_case(torch.float64)
+    context = blocked_attention(q, k, v, blocks, masks, 0.4)
+    expected = dense_blocked(q, k, v, allowed, bias, 0.4)
+    torch.testing.assert_close(context, expected)
+    assert not context[:, :, 16:21].any()  # no keys, and no block
+    weights = torch.randn(expected.shape, dtype=torch.float64)
+    ours = torch.autograd.grad((context * weights).sum(), (q, k, v))
+    theirs = torch.autograd.grad((expected * weights).sum(), (q, k, v))
+    for mine, reference in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(mine, reference)
+
+
+def test_blocked_attention_catches_a_wrong_span():
+    """The comparison can fail: one key more in a block's span is another answer."""
+    (q, k, v), blocks, masks, allowed, bias = blocked_case(torch.float64)
+    context = blocked_attention(q, k, v, blocks, masks, 0.4)
+    allowed[:, :, 0:5, 9] = True
+    assert not torch.allclose(context, dense_blocked(q, k, v, allowed, bias, 0.4))
+
+
+def test_blocked_attention_refuses_a_mask_that_needs_a_gradient():
+    (q, k, v), blocks, masks, _, _ = blocked_case(torch.float64)
+    masks[2] = masks[2].clone().requires_grad_(True)
+    with pytest.raises(ValueError, match="biased_attention"):
+        blocked_attention(q, k, v, blocks, masks, 0.4)

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from playground import native
-from playground.kernels import banded_attention, relative_bias_attention
-from tests.test_kernels import CASES, H, dense_banded, dense_relative
+from playground.kernels import banded_attention, blocked_attention, relative_bias_attention
+from tests.test_kernels import CASES, H, blocked_case, dense_banded, dense_blocked, dense_relative
 
 needs_native = pytest.mark.skipif(
     not native.status().available, reason=f"native kernels: {native.status().reason}"
@@ -163,17 +163,18 @@ def test_a_failed_build_warns_once_and_leaves_the_python_path(monkeypatch):
 
 
 class _Spy:
-    """A stand-in for the native module that counts banded_backward's calls, optionally
-    handing it a broken argument."""
+    """A stand-in for the native module that counts blocked_backward's calls, optionally
+    handing it broken masks."""
 
     def __init__(self, module, break_mask: bool = False):
         self.module, self.break_mask, self.calls = module, break_mask, 0
 
-    def banded_backward(self, q, buffer, mask, *rest):
+    def blocked_backward(self, *arguments):
         self.calls += 1
-        if self.break_mask:
-            mask = torch.zeros_like(mask)  # a kernel that ignores the band and the padding
-        return self.module.banded_backward(q, buffer, mask, *rest)
+        *head, masks, scale = arguments
+        if self.break_mask:  # a kernel that ignores the band and the padding
+            masks = [torch.zeros_like(mask) for mask in masks]
+        return self.module.blocked_backward(*head, masks, scale)
 
 
 def _banded_gradients(case, seed: int, width: int = 8):
@@ -247,5 +248,57 @@ def test_native_banded_backward_catches_a_kernel_that_ignores_the_mask(monkeypat
     """The comparison can fail: the same kernel, handed no mask, gives other gradients."""
     monkeypatch.setattr(native, "_module", _Spy(native.load(), break_mask=True))
     ours, theirs = _banded_gradients(CASES[2], seed=1)
+    errors = [(mine.double() - ref).abs().max() for mine, ref in zip(ours, theirs, strict=True)]
+    assert max(errors) > 1e-2
+
+
+def _blocked_gradients(seed: int = 0):
+    """float32 gradients of blocked_attention, and float64 dense ones."""
+    (q, k, v), blocks, masks, allowed, bias = blocked_case(torch.float32, seed, n=40, d=16)
+    blocks = [(0, 5, 0, 9), (5, 10, 2, 15), (10, 16, 8, 23), (16, 19, 0, 0), (21, 23, 20, 40)]
+    masks[4] = torch.randn(2, H, 2, 20, generator=torch.Generator().manual_seed(seed))
+    allowed[:, :, 21:23, 23:40] = True
+    bias[:, :, 21:23, 20:40] = masks[4]
+    context = blocked_attention(q, k, v, blocks, masks, 0.3)
+    doubled = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    expected = dense_blocked(*doubled, allowed, bias.double(), 0.3)
+    weights = torch.randn(expected.shape, dtype=torch.float64, generator=torch.Generator())
+    ours = torch.autograd.grad((context * weights.float()).sum(), (q, k, v))
+    theirs = torch.autograd.grad((expected * weights).sum(), doubled)
+    return ours, theirs
+
+
+@needs_native
+def test_native_blocked_backward_matches_the_dense_reference(monkeypatch):
+    """Overlapping spans, bool, per-head additive and per-batch-and-head masks, no mask,
+    a block without keys and queries in no block: gradients within 1e-5 of float64."""
+    spy = _Spy(native.load())
+    monkeypatch.setattr(native, "_module", spy)
+    ours, theirs = _blocked_gradients()
+    assert spy.calls == 1
+    for mine, reference in zip(ours, theirs, strict=True):
+        error = (mine.double() - reference).abs().max().item()
+        assert error < 1e-5 * max(1.0, reference.abs().max().item()), error
+
+
+@needs_native
+def test_native_blocked_backward_equals_the_python_backward():
+    results = {}
+    for path in ("native", "python"):
+        loaded = native._module
+        if path == "python":
+            native._module = None
+        try:
+            results[path] = _blocked_gradients(seed=2)[0]
+        finally:
+            native._module = loaded
+    for mine, python in zip(results["native"], results["python"], strict=True):
+        torch.testing.assert_close(mine, python, atol=2e-6, rtol=1e-5)
+
+
+@needs_native
+def test_native_blocked_backward_catches_a_kernel_that_ignores_the_masks(monkeypatch):
+    monkeypatch.setattr(native, "_module", _Spy(native.load(), break_mask=True))
+    ours, theirs = _blocked_gradients()
     errors = [(mine.double() - ref).abs().max() for mine, ref in zip(ours, theirs, strict=True)]
     assert max(errors) > 1e-2

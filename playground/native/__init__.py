@@ -4,7 +4,8 @@ Two fused backwards, tiled so that each tile's probabilities stay in cache betwe
 products, which whole-block torch operations cannot do:
 - `hankel_backward.cpp`: that of `kernels.hankel_biased_attention` (learned relative
   biases: T5, learnable ALiBi, any `relative_score_mod`), with the bias gradient;
-- `banded_backward.cpp`: that of `kernels.banded_attention` (sliding windows, Longformer),
+- `blocked_backward.cpp`: that of blocks of queries each over its own span of keys
+  (`kernels.blocked_attention`: mask_mod windows; `kernels.banded_attention`: Longformer),
   adding each span's key and value gradients in place, with nothing span-sized to zero.
 
 They are optional. Without a C++ compiler, or with PLAYGROUND_NATIVE=0, the Python
@@ -27,7 +28,7 @@ from types import ModuleType
 
 SOURCES = tuple(
     Path(__file__).with_name(name)
-    for name in ("module.cpp", "hankel_backward.cpp", "banded_backward.cpp")
+    for name in ("module.cpp", "hankel_backward.cpp", "blocked_backward.cpp")
 )
 HEADERS = (Path(__file__).with_name("native.h"),)
 DISABLE_VARIABLE = "PLAYGROUND_NATIVE"
@@ -99,8 +100,8 @@ def load() -> ModuleType | None:
         _status = NativeStatus(False, f"build failed: {type(error).__name__}: {first_line}")
         warnings.warn(
             f"playground.native could not be built ({_status.reason}); variants with a "
-            f"learned relative bias train on the slower Python backward, with the same "
-            f"results. Install a C++ compiler and ninja for the fast one, or set "
+            f"learned relative bias, a band or a mask_mod train on the slower Python "
+            f"backwards, with the same results. Install a C++ compiler and ninja for the fast one, or set "
             f"{DISABLE_VARIABLE}=0 to use the Python backward without this warning.",
             RuntimeWarning,
             stacklevel=2,

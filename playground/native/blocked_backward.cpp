@@ -1,0 +1,181 @@
+// The backward of blocked attention: blocks of consecutive queries, each over its own span
+// of consecutive keys with an additive mask. The native twin of the Python backwards of
+// playground.kernels' `blocked_attention` (the mask_mod / score_mod path) and
+// `banded_attention` (windows with prefix keys), which lay their keys out so that each
+// block's keys are one span.
+//
+// Per (batch, head) and per block, over its span:
+//   P  = exp(scale · q kᵀ + M − L)              (0 where a key is hidden)
+//   dV += Pᵀ dO,  dP = dO vᵀ,  dS = P ⊙ (dP − rowsum(dO ⊙ O))
+//   dQ = scale · dS k,  dK += scale · dSᵀ q
+// dK and dV are added in place onto the caller's gradients, each span onto its own rows
+// (spans may overlap): no per-block gradient is held, zeroed or scattered, which is where
+// autograd through per-block attention, or the flash kernel's own backward per block,
+// spends its time. A block's P and dS stay in cache between the five products. Threads
+// split the (batch, head) pairs; a pair's rows of the gradients are its own, so nothing
+// is shared. float32 only.
+#include "native.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+
+namespace playground_native {
+
+namespace {
+
+// Row 0 of (batch, head) of a (B, H, N, d) tensor with unit-stride rows.
+const float* rows_of(const at::Tensor& t, int64_t batch, int64_t head) {
+  return t.data_ptr<float>() + batch * t.stride(0) + head * t.stride(1);
+}
+
+void check_rows(const at::Tensor& t, const char* name, int64_t batches, int64_t heads,
+                int64_t d) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat && t.dim() == 4 && t.size(0) == batches &&
+                  t.size(1) == heads && t.size(3) == d && (t.stride(3) == 1 || d == 1),
+              name, " must be a float32 (B, H, N, d) tensor with unit-stride rows");
+}
+
+struct Block {
+  int64_t start, stop, key_start, key_stop;
+};
+
+}  // namespace
+
+// q, out, grad_out (B, H, Nq, d); k, v, grad_k, grad_v (B, H, Nk, d): float32 with
+// unit-stride rows, any other strides (views into one buffer of keys and values, say);
+// log_sum_exp (B, H, Nq) float32; blocks (blocks, 4) int64: query start and stop, key
+// start and stop; masks: one per block, an empty tensor (no mask) or float32
+// (1 or B, 1 or H, block queries, span keys) with unit-stride rows, additive (−inf
+// hides). dK and dV are added onto grad_k and grad_v. Returns dq (B, H, Nq, d), 0 in
+// rows no block holds.
+at::Tensor blocked_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& out, const at::Tensor& log_sum_exp,
+                            const at::Tensor& grad_out, const at::Tensor& grad_k,
+                            const at::Tensor& grad_v,
+                            const at::Tensor& blocks, const std::vector<at::Tensor>& masks,
+                            double scale_) {
+  TORCH_CHECK(q.dim() == 4, "q must be (B, H, Nq, d)");
+  const int64_t batches = q.size(0), heads = q.size(1), n_q = q.size(2), d = q.size(3);
+  const int64_t n_k = k.dim() == 4 ? k.size(2) : -1;
+  check_rows(q, "q", batches, heads, d);
+  check_rows(out, "out", batches, heads, d);
+  check_rows(grad_out, "grad_out", batches, heads, d);
+  for (const at::Tensor* t : {&k, &v, &grad_k, &grad_v}) {
+    check_rows(*t, "k, v and their gradients", batches, heads, d);
+    TORCH_CHECK(t->size(2) == n_k, "k, v and their gradients must have as many rows");
+  }
+  TORCH_CHECK(out.size(2) == n_q && grad_out.size(2) == n_q, "out and grad_out must be q's shape");
+  TORCH_CHECK(log_sum_exp.scalar_type() == at::kFloat && log_sum_exp.dim() == 3 &&
+                  log_sum_exp.size(0) == batches && log_sum_exp.size(1) == heads &&
+                  log_sum_exp.size(2) == n_q,
+              "log_sum_exp must be a float32 (B, H, Nq) tensor");
+  TORCH_CHECK(blocks.scalar_type() == at::kLong && blocks.is_contiguous() && blocks.dim() == 2 &&
+                  blocks.size(1) == 4 && static_cast<size_t>(blocks.size(0)) == masks.size(),
+              "blocks must be a contiguous int64 (blocks, 4) tensor, one mask per block");
+  const int64_t num_blocks = blocks.size(0);
+  const Block* blocks_ = reinterpret_cast<const Block*>(blocks.data_ptr<int64_t>());
+  int64_t scratch_size = 0;
+  for (int64_t i = 0; i < num_blocks; ++i) {
+    const Block& block = blocks_[i];
+    const int64_t rows = block.stop - block.start, span = block.key_stop - block.key_start;
+    TORCH_CHECK(0 <= block.start && block.start <= block.stop && block.stop <= n_q &&
+                    0 <= block.key_start && block.key_start <= block.key_stop &&
+                    block.key_stop <= n_k,
+                "block ", i, " lies outside the queries or the keys");
+    const at::Tensor& mask = masks[i];
+    TORCH_CHECK(mask.numel() == 0 ||
+                    (mask.scalar_type() == at::kFloat && mask.dim() == 4 &&
+                     (mask.size(0) == 1 || mask.size(0) == batches) &&
+                     (mask.size(1) == 1 || mask.size(1) == heads) && mask.size(2) == rows &&
+                     mask.size(3) == span && (mask.stride(3) == 1 || span == 1)),
+                "the mask of block ", i,
+                " must be empty or float32 (1 or B, 1 or H, block, span) with unit-stride rows");
+    scratch_size = std::max(scratch_size, rows * span);
+  }
+  const float scale = static_cast<float>(scale_);
+  const int64_t ldq = q.stride(2), ldo = out.stride(2), lddo = grad_out.stride(2);
+  const int64_t ldk = k.stride(2), ldv = v.stride(2);
+  const int64_t lddk = grad_k.stride(2), lddv = grad_v.stride(2);
+  auto grad_q = at::zeros({batches, heads, n_q, d}, q.options());
+
+  // Each thread's P and dS for one block: torch's allocator holds them, so peak memory
+  // counts them.
+  const int64_t threads =
+      std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), batches * heads));
+  auto scratch = at::empty({threads, 2, std::max<int64_t>(scratch_size, 1)}, q.options());
+  at::parallel_for(0, batches * heads, 1, [&](int64_t begin, int64_t end) {
+    const int64_t thread = at::get_thread_num();
+    TORCH_CHECK(thread < threads, "more threads than scratch tiles");
+    float* p = scratch.data_ptr<float>() + thread * 2 * std::max<int64_t>(scratch_size, 1);
+    float* ds = p + std::max<int64_t>(scratch_size, 1);
+    std::vector<float> row_dot;
+    for (int64_t pair = begin; pair < end; ++pair) {
+      const int64_t batch = pair / heads, head = pair % heads;
+      const float* qh = rows_of(q, batch, head);
+      const float* oh = rows_of(out, batch, head);
+      const float* doh = rows_of(grad_out, batch, head);
+      const float* kh = rows_of(k, batch, head);
+      const float* vh = rows_of(v, batch, head);
+      float* dkh = grad_k.data_ptr<float>() + batch * grad_k.stride(0) + head * grad_k.stride(1);
+      float* dvh = grad_v.data_ptr<float>() + batch * grad_v.stride(0) + head * grad_v.stride(1);
+      float* dqh = grad_q.data_ptr<float>() + pair * n_q * d;
+      const float* lse = log_sum_exp.data_ptr<float>() + batch * log_sum_exp.stride(0) +
+                         head * log_sum_exp.stride(1);
+      const int64_t lse_stride = log_sum_exp.stride(2);
+      for (int64_t i = 0; i < num_blocks; ++i) {
+        const Block& block = blocks_[i];
+        const int64_t rows = block.stop - block.start, span = block.key_stop - block.key_start;
+        if (rows == 0 || span == 0) continue;
+        const float* q_tile = qh + block.start * ldq;
+        const float* o_tile = oh + block.start * ldo;
+        const float* do_tile = doh + block.start * lddo;
+        const float* k_span = kh + block.key_start * ldk;
+        const float* v_span = vh + block.key_start * ldv;
+        const at::Tensor& mask = masks[i];
+        const float* m = nullptr;
+        int64_t ldm = 0;
+        if (mask.numel() > 0) {
+          m = mask.data_ptr<float>() + (mask.size(0) == 1 ? 0 : batch * mask.stride(0)) +
+              (mask.size(1) == 1 ? 0 : head * mask.stride(1));
+          ldm = mask.stride(2);
+        }
+        // S = scale · q kᵀ (rows × span), then P = exp(S + M − L) in place.
+        matmul(false, true, rows, span, d, scale, q_tile, ldq, k_span, ldk, 0.0f, p, span);
+        row_dot.resize(rows);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* row = p + r * span;
+          const float shift = lse[(block.start + r) * lse_stride];
+          if (m != nullptr) {
+            const float* bias = m + r * ldm;
+#pragma omp simd
+            for (int64_t j = 0; j < span; ++j) row[j] = exp_nonpositive(row[j] + bias[j] - shift);
+          } else {
+#pragma omp simd
+            for (int64_t j = 0; j < span; ++j) row[j] = exp_nonpositive(row[j] - shift);
+          }
+          float dot = 0.0f;
+          for (int64_t c = 0; c < d; ++c) dot += do_tile[r * lddo + c] * o_tile[r * ldo + c];
+          row_dot[r] = dot;
+        }
+        float* dk_span = dkh + block.key_start * lddk;
+        float* dv_span = dvh + block.key_start * lddv;
+        matmul(true, false, span, d, rows, 1.0f, p, span, do_tile, lddo, 1.0f, dv_span, lddv);
+        matmul(false, true, rows, span, d, 1.0f, do_tile, lddo, v_span, ldv, 0.0f, ds, span);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* grad_row = ds + r * span;
+          const float* row = p + r * span;
+          const float dot = row_dot[r];
+#pragma omp simd
+          for (int64_t j = 0; j < span; ++j) grad_row[j] = row[j] * (grad_row[j] - dot);  // dS
+        }
+        matmul(false, false, rows, d, span, scale, ds, span, k_span, ldk, 0.0f,
+               dqh + block.start * d, d);
+        matmul(true, false, span, d, rows, scale, ds, span, q_tile, ldq, 1.0f, dk_span, lddk);
+      }
+    }
+  });
+  return grad_q;
+}
+
+}  // namespace playground_native
