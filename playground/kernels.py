@@ -26,10 +26,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from einops import rearrange
-from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
 from playground import native
+from playground.masks import masked_softmax
 
 BAND_BLOCK = 64
 """Queries per block of `banded_attention` (fewer when the band is narrower). A block sees
@@ -40,6 +40,39 @@ blocks waste less work but make smaller matrix products."""
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """0 where allowed, −inf elsewhere."""
     return torch.zeros_like(allowed, dtype=dtype).masked_fill(~allowed, -math.inf)
+
+
+def transforms_active() -> bool:
+    """Whether a torch.func transform (grad, vmap, jacrev, …) is running. The autograd
+    functions here are written for plain autograd (no setup_context, no vmap rule): under
+    a transform the paths made of torch's own operations run instead."""
+    return torch._C._functorch.peek_interpreter_stack() is not None
+
+
+def _dense_attention(q, k, v, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """softmax(scale · q kᵀ + mask) v in torch's own operations, 0 for a row whose mask
+    hides every key (−inf): what the fused autograd functions recompute when their
+    gradients must themselves be differentiated."""
+    scores = q @ k.transpose(-2, -1) * scale
+    if mask is None:
+        return scores.softmax(dim=-1) @ v
+    return masked_softmax(scores + mask, ~torch.isneginf(mask)) @ v
+
+
+def _differentiable_gradients(inputs, grad_output, recompute) -> list[torch.Tensor | None]:
+    """The gradients of recompute() at `inputs` (None where one needs none), themselves
+    differentiable. A fused backward's results are not, so under create_graph=True (a
+    gradient penalty, a Hessian-vector product) the autograd functions here hand over to
+    torch's own operations, at the memory of an unfused attention."""
+    wanted = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    with torch.enable_grad():
+        output = recompute()
+    grads = iter(
+        torch.autograd.grad(output, wanted, grad_output, create_graph=True, allow_unused=True)
+    )
+    return [
+        next(grads) if isinstance(t, torch.Tensor) and t.requires_grad else None for t in inputs
+    ]
 
 
 @dataclass(frozen=True)
@@ -187,7 +220,9 @@ class _FlashBand(torch.autograd.Function):
     value gradients in place onto the buffer's; elsewhere `python_backward`. Then the
     buffer's gradient goes onto keys and prefix. Only the blocks within the band are ever
     touched, in backward as in forward; autograd would go through the buffer's copies and
-    views instead, with a zero tensor per step."""
+    views instead, with a zero tensor per step. The buffer is not kept: backward lays it
+    out again from the inputs (one copy), which also lets a backward under
+    create_graph=True differentiate through it (`_differentiable_gradients`)."""
 
     @staticmethod
     def forward(ctx, queries, keys_values, prefix_keys_values, mask, band, num_heads):
@@ -206,15 +241,32 @@ class _FlashBand(torch.autograd.Function):
             outs.append(out)
             sums.append(log_sum_exp)
         out, log_sum_exp = torch.stack(outs), torch.stack(sums)  # (B, blocks, H, block, ·)
-        ctx.save_for_backward(q, buffer, mask, out, log_sum_exp)
-        ctx.band, ctx.num_heads, ctx.has_prefix = band, num_heads, prefix_keys_values is not None
+        ctx.save_for_backward(queries, keys_values, prefix_keys_values, mask, out, log_sum_exp)
+        ctx.band, ctx.num_heads = band, num_heads
         return band.context(out)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_context):
-        q, buffer, mask, out, log_sum_exp = ctx.saved_tensors
+        queries, keys_values, prefix, mask, out, log_sum_exp = ctx.saved_tensors
         band, heads = ctx.band, ctx.num_heads
+        if torch.is_grad_enabled():  # create_graph=True
+
+            def recompute():
+                buffer = band.spans(band.chunked(keys_values, 0.0, prefix))
+                keys, values = (
+                    rearrange(t, "b nb s (h d) -> b nb h s d", h=heads)
+                    for t in buffer.split(queries.shape[-1], dim=-1)
+                )
+                q = band.query_blocks(queries, heads)  # (B, blocks, H, block, d)
+                scale = q.shape[-1] ** -0.5
+                return band.context(_dense_attention(q, keys, values, mask[:, :, None], scale))
+
+            grads = _differentiable_gradients(
+                (queries, keys_values, prefix), grad_context, recompute
+            )
+            return (*grads, None, None, None)
+        buffer = band.chunked(keys_values, 0.0, prefix)
+        q = band.query_blocks(queries, heads)
         grad_out = band.query_blocks(grad_context, heads)  # (B, blocks, H, block, d)
         if q.dtype == torch.float32 and native.load() is not None:
             grad_context, grad_buffer = _FlashBand.native_backward(
@@ -230,7 +282,7 @@ class _FlashBand(torch.autograd.Function):
         return (
             grad_context,
             grad_keys_values,
-            grad_prefix if ctx.has_prefix else None,
+            grad_prefix if prefix is not None else None,
             None,
             None,
             None,
@@ -253,7 +305,7 @@ class _FlashBand(torch.autograd.Function):
 
         grad_buffer = torch.zeros_like(buffer)
         grad_q = native.load().blocked_backward(
-            by_head(q),
+            _rows_unit_stride(by_head(q)),
             *keys_and_values(buffer),
             _rows_unit_stride(by_head(out)),
             by_head(log_sum_exp),
@@ -326,12 +378,15 @@ def banded_attention(
     How: keys are laid out in a buffer (`_Band`) where all a block of queries may see is
     one contiguous span, so one attention call per sequence over (blocks, H, block, span)
     reads the overlapping spans as a strided view, with no per-block copies. On CPU the
-    flash kernel runs it forward and backward (`_FlashBand`); elsewhere SDPA under autograd.
+    flash kernel runs it forward and backward (`_FlashBand`); elsewhere (and under
+    torch.func transforms) SDPA under autograd.
     """
     num_prefix = 0 if prefix_keys_values is None else prefix_keys_values.shape[1]
     band = _Band.of(queries.shape[1], before, after, block, num_prefix)
     mask = band.mask(key_ok, prefix_ok, prefix_positions, before, after, queries.dtype)
-    if queries.device.type == "cpu":
+    if queries.device.type == "cpu" and not transforms_active():
+        # The flash kernel reads rows as unit-stride whatever their strides.
+        queries = queries if queries.stride(-1) == 1 else queries.contiguous()
         return _FlashBand.apply(queries, keys_values, prefix_keys_values, mask, band, num_heads)
     # (Rebinding the name frees the unchunked tensor once it is in the buffer.)
     keys_values = band.spans(band.chunked(keys_values, 0.0, prefix_keys_values))
@@ -360,18 +415,18 @@ class _FlashBlocks(torch.autograd.Function):
     built, its blocked kernel over every block at once, elsewhere the flash kernel's own
     backward per block. Either way each span's key and value gradients are added in place
     onto the keys' and values', where autograd through per-block slices would give each
-    block a zero tensor the size of all the keys."""
+    block a zero tensor the size of all the keys. Under create_graph=True, torch's own
+    operations instead (`_differentiable_gradients`)."""
 
     @staticmethod
     def forward(ctx, q, k, v, blocks, masks, scale):
         batch, heads, n_q = q.shape[:3]
-        out = torch.zeros_like(q)
-        log_sum_exp = q.new_zeros(
-            batch, heads, n_q, dtype=torch.promote_types(q.dtype, torch.float32)
-        )
+        out = torch.zeros_like(q, memory_format=torch.contiguous_format)
+        lse_dtype = torch.promote_types(q.dtype, torch.float32)  # the flash kernel's
+        log_sum_exp = q.new_zeros(batch, heads, n_q, dtype=lse_dtype)
         for (start, stop, key_start, key_stop), mask in zip(blocks, masks, strict=True):
             if key_stop <= key_start or stop <= start:
-                continue  # no keys: the caller zeroes these rows
+                continue  # no keys: 0
             out[:, :, start:stop], log_sum_exp[:, :, start:stop] = (
                 torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                     q[:, :, start:stop],
@@ -386,10 +441,26 @@ class _FlashBlocks(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_out):
         q, k, v, out, log_sum_exp, *masks = ctx.saved_tensors
-        grad_k, grad_v = torch.zeros_like(k), torch.zeros_like(v)
+        blocks, scale = ctx.blocks, ctx.scale
+        if torch.is_grad_enabled():  # create_graph=True
+
+            def recompute():
+                context = torch.zeros_like(q)
+                for (start, stop, key_start, key_stop), mask in zip(blocks, masks, strict=True):
+                    if key_stop > key_start and stop > start:
+                        keys = slice(key_start, key_stop)
+                        context[:, :, start:stop] = _dense_attention(
+                            q[:, :, start:stop], k[:, :, keys], v[:, :, keys], mask, scale
+                        )
+                return context
+
+            return (*_differentiable_gradients((q, k, v), grad_out, recompute), None, None, None)
+        # Contiguous: whatever layout k and v came in (an expanded view, a transposed
+        # cache), the gradients are written row by row.
+        grad_k = torch.zeros(k.shape, dtype=k.dtype)
+        grad_v = torch.zeros(v.shape, dtype=v.dtype)
         if q.dtype == torch.float32 and native.load() is not None:
             grad_q = native.load().blocked_backward(
                 *(_rows_unit_stride(t) for t in (q, k, v, out)),
@@ -397,13 +468,13 @@ class _FlashBlocks(torch.autograd.Function):
                 _rows_unit_stride(grad_out),
                 grad_k,
                 grad_v,
-                torch.tensor(ctx.blocks, dtype=torch.long).view(-1, 4),
+                torch.tensor(blocks, dtype=torch.long).view(-1, 4),
                 [q.new_empty(0) if mask is None else mask for mask in masks],
-                ctx.scale,
+                scale,
             )
             return grad_q, grad_k, grad_v, None, None, None
         grad_q = torch.zeros_like(q)
-        for (start, stop, key_start, key_stop), mask in zip(ctx.blocks, masks, strict=True):
+        for (start, stop, key_start, key_stop), mask in zip(blocks, masks, strict=True):
             if key_stop <= key_start or stop <= start:
                 continue
             keys = slice(key_start, key_stop)
@@ -417,12 +488,47 @@ class _FlashBlocks(torch.autograd.Function):
                 0.0,
                 False,
                 attn_mask=mask,
-                scale=ctx.scale,
+                scale=scale,
             )
             grad_q[:, :, start:stop] = dq
             grad_k[:, :, keys] += dk
             grad_v[:, :, keys] += dv
         return grad_q, grad_k, grad_v, None, None, None
+
+
+def _block_mask(mask: torch.Tensor, dtype: torch.dtype, rows: int, span: int) -> torch.Tensor:
+    """A block's mask as the kernels read it: additive in `dtype` (bool: 0 / −inf), 4-D
+    (1 or B, 1 or H, rows, span) with unit-stride rows (broadcast rows may be stride 0)."""
+    if mask.dtype == torch.bool:
+        mask = _additive(mask, dtype)
+    mask = mask.to(dtype)
+    mask = mask.broadcast_to(torch.broadcast_shapes(mask.shape, (1, 1, rows, span)))
+    if mask.dim() != 4:
+        raise ValueError(
+            f"a block's mask must broadcast to (B, H, {rows}, {span}); got {tuple(mask.shape)}"
+        )
+    return mask if mask.stride(-1) == 1 or span == 1 else mask.contiguous()
+
+
+def _check_blocks(blocks: Sequence[Block], n_q: int, n_k: int) -> None:
+    """Blocks within the queries and keys, their queries disjoint (a query in two blocks
+    would have two outputs): else a ValueError that names the block."""
+    covered = 0
+    for index, (start, stop, key_start, key_stop) in sorted(
+        enumerate(blocks), key=lambda item: item[1][0]
+    ):
+        if not (0 <= start <= stop <= n_q and 0 <= key_start <= key_stop <= n_k):
+            raise ValueError(
+                f"block {index} {(start, stop, key_start, key_stop)} lies outside the "
+                f"{n_q} queries or {n_k} keys; give 0 <= start <= stop <= Nq and "
+                f"0 <= key_start <= key_stop <= Nk"
+            )
+        if start < covered and stop > start:
+            raise ValueError(
+                f"block {index} {(start, stop, key_start, key_stop)} shares queries with "
+                f"another block; each query belongs to one block at most"
+            )
+        covered = max(covered, stop)
 
 
 def blocked_attention(
@@ -439,28 +545,33 @@ def blocked_attention(
     key_stop): queries start … stop − 1 see only keys key_start … key_stop − 1, further
     limited by masks[i]: None (every key of the span), bool (True: seen) or an additive
     float bias, broadcastable to (B, H, stop − start, key_stop − key_start); a mask gets
-    no gradient (a learned bias: `biased_attention`). Every query of a block with keys
-    must see one of them (else its row is NaN); a block without keys, and a query in no
-    block, gets 0.
+    no gradient (a learned bias: `biased_attention`). Blocks must not share queries. A
+    query whose mask hides every key of its span gets 0 on CPU (SDPA elsewhere gives
+    NaN: let it see a key and zero it after), as does a query in no block, or in a block
+    without keys.
 
     How: on CPU, `_FlashBlocks` (flash forward per block; a fused backward that never
-    holds a gradient the size of all keys per block); elsewhere SDPA per block under
-    autograd. Time and memory are those of the spans, O(Σ block · span).
+    holds a gradient the size of all keys per block); elsewhere, and under torch.func
+    transforms, SDPA per block under autograd. Time and memory are those of the spans,
+    O(Σ block · span).
     """
+    if len(masks) != len(blocks):
+        raise ValueError(f"{len(blocks)} blocks but {len(masks)} masks: give one per block")
     if any(mask is not None and mask.requires_grad for mask in masks):
         raise ValueError(
             "blocked_attention gives masks no gradient; a learned bias needs "
             "biased_attention (or relative_bias_attention), which returns one"
         )
+    _check_blocks(blocks, q.shape[2], k.shape[2])
+    if q.numel() == 0:
+        return q.mul(0)  # no batch, heads or width: empty, with a graph
     masks = [
-        None
-        if mask is None
-        else _additive(mask, q.dtype)
-        if mask.dtype == torch.bool
-        else mask.to(q.dtype)
-        for mask in masks
+        None if mask is None else _block_mask(mask, q.dtype, stop - start, key_stop - key_start)
+        for (start, stop, key_start, key_stop), mask in zip(blocks, masks, strict=True)
     ]
-    if q.device.type == "cpu":
+    if q.device.type == "cpu" and not transforms_active():
+        # The flash kernel reads rows as unit-stride whatever their strides.
+        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
         return _FlashBlocks.apply(q, k, v, tuple(blocks), masks, scale)
     context = q.new_zeros(q.shape)
     for (start, stop, key_start, key_stop), mask in zip(blocks, masks, strict=True):
@@ -552,9 +663,10 @@ class _FlashWithBiasGradient(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_out):
         q, k, v, bias, keep, out, log_sum_exp = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True
+            return (*_second_order_biased(ctx, grad_out, None), None, None, None, None)
         dtype = q.dtype
         if dtype in (torch.bfloat16, torch.float16):
             # The flash kernel keeps L in float32; the backward runs there too, as SDPA's
@@ -617,6 +729,22 @@ class _FlashWithBiasGradient(torch.autograd.Function):
         )
 
 
+def _second_order_biased(ctx, grad_out: torch.Tensor, hankel: bool | None) -> list:
+    """q, k, v and bias gradients, differentiable, for a context that saved (q, k, v,
+    bias, keep, out, log_sum_exp) and its `scale` (and `hankel`, unless given)."""
+    q, k, v, bias, keep, _, _ = ctx.saved_tensors
+    hankel = ctx.hankel if hankel is None else hankel
+
+    def recompute():
+        if hankel:
+            mask = _hankel_mask(bias, keep, k.shape[2])
+        else:
+            mask = bias if keep is None else bias.masked_fill(~keep, -math.inf)
+        return _dense_attention(q, k, v, mask.expand(*q.shape[:3], k.shape[2]), ctx.scale)
+
+    return _differentiable_gradients((q, k, v, bias), grad_out, recompute)
+
+
 def _rows_unit_stride(tensor: torch.Tensor) -> torch.Tensor:
     """tensor (B, H, N, d) as it is when its rows are unit-stride, else a contiguous copy
     (a gradient that autograd expanded, say)."""
@@ -665,6 +793,9 @@ def biased_attention(
     given, hides keys (−inf). A row that sees no key outputs 0. Blocks of one call that
     pass the same `scratch` share their backward's memory.
     """
+    if transforms_active():
+        mask = bias if keep is None else bias.masked_fill(~keep, -math.inf)
+        return _dense_attention(q, k, v, mask, scale)
     return _FlashWithBiasGradient.apply(q, k, v, bias, keep, scale, False, scratch)
 
 
@@ -680,6 +811,8 @@ def hankel_biased_attention(
     """`biased_attention` with the Hankel bias B[h, i, j] = diagonals[h, i + j],
     diagonals (H, Nq + Nk − 1): never formed as a matrix, and its gradient is reduced
     along anti-diagonals inside the backward."""
+    if transforms_active():
+        return _dense_attention(q, k, v, _hankel_mask(diagonals, keep, k.shape[2]), scale)
     return _FlashWithBiasGradient.apply(q, k, v, diagonals, keep, scale, True, scratch)
 
 
@@ -734,8 +867,9 @@ class _NativeRelativeBias(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_out):
+        if torch.is_grad_enabled():  # create_graph=True
+            return (*_second_order_biased(ctx, grad_out, True), None, None, None, None)
         dtype = ctx.saved_tensors[0].dtype
         grads = _native_hankel_backward(ctx, grad_out, ctx.is_causal)
         return (*(g.to(dtype) for g in grads), None, None, None, None)
@@ -801,7 +935,11 @@ def relative_bias_attention(
     # under dropout its unfused kernel keeps the probabilities: then each block is
     # recomputed in backward instead.
     fused_gradient = (
-        torch.is_grad_enabled() and bias.requires_grad and dropout_p == 0.0 and not q.is_cuda
+        torch.is_grad_enabled()
+        and bias.requires_grad
+        and dropout_p == 0.0
+        and not q.is_cuda
+        and not transforms_active()
     )
     if fused_gradient and q.dtype != torch.float64 and native.load() is not None:
         # Keys contiguous once here, not strided rows in every tile's products.
@@ -814,6 +952,7 @@ def relative_bias_attention(
         and n_q > block_size
         and not fused_gradient
         and (keep is not None or dropout_p > 0.0)
+        and not transforms_active()  # torch.func has no saved-tensor hooks
     )
     if not torch.is_grad_enabled() and keep is None:
         block_size = n_q  # nothing of size (block, Nk) is formed: one call is enough

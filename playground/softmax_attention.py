@@ -52,7 +52,12 @@ from playground.heads import (
     project_output,
     projection_flops,
 )
-from playground.kernels import biased_attention, blocked_attention, relative_bias_attention
+from playground.kernels import (
+    biased_attention,
+    blocked_attention,
+    relative_bias_attention,
+    transforms_active,
+)
 from playground.masks import empty_query_rows, masked_softmax, queries_without_keys
 
 MOD_CHUNK_ELEMENTS = 2**19
@@ -417,7 +422,8 @@ class SoftmaxAttention(AttentionVariant):
         # unless the blocks keep only a mask for backward (no score_mod), and all of
         # their masks together are no larger than q, k and v (a window, not a dense
         # causal mask): then keeping them costs less than running each block twice.
-        recompute = torch.is_grad_enabled() and len(spans) > 1
+        # (torch.func transforms have no saved-tensor hooks, which checkpointing needs.)
+        recompute = torch.is_grad_enabled() and len(spans) > 1 and not transforms_active()
         if recompute and not self._has_score_mod:
             recompute = self._mask_bytes(spans, batch, heads, attention_mask, q.device) > (
                 3 * q.numel() * q.element_size()

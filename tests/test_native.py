@@ -302,3 +302,102 @@ def test_native_blocked_backward_catches_a_kernel_that_ignores_the_masks(monkeyp
     ours, theirs = _blocked_gradients()
     errors = [(mine.double() - ref).abs().max() for mine, ref in zip(ours, theirs, strict=True)]
     assert max(errors) > 1e-2
+
+
+def _paths():
+    """Both backwards of blocked_attention: native (when built) and Python."""
+    return [pytest.param("native", marks=needs_native), "python"]
+
+
+def _dense_blocked_gradients(q, k, v, blocks, masks, scale, weights):
+    """float64 gradients of the dense answer of blocked_attention (masks: None or bool)."""
+    doubled = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    n_q, n_k = q.shape[2], k.shape[2]
+    allowed = torch.zeros(q.shape[0], q.shape[1], n_q, n_k, dtype=torch.bool)
+    for (start, stop, key_start, key_stop), mask in zip(blocks, masks, strict=True):
+        seen = True if mask is None else mask
+        allowed[:, :, start:stop, key_start:key_stop] = seen
+    expected = dense_blocked(*doubled, allowed, torch.zeros(()), scale)
+    return torch.autograd.grad((expected * weights.double()).sum(), doubled)
+
+
+@pytest.mark.parametrize("path", _paths())
+@pytest.mark.parametrize(
+    "layout", ["one query, grad_out read through .mT", "one key from a (B, H, d, 1) cache"]
+)
+def test_blocked_backward_reads_single_rows_whatever_their_stride(path, layout, monkeypatch):
+    """A single row's stride may be below d (BLAS would refuse it as a leading
+    dimension and leave the gradients unwritten)."""
+    if path == "python":
+        monkeypatch.setattr(native, "_module", None)
+    generator = torch.Generator().manual_seed(0)
+    n_q, n_k = (1, 6) if layout.startswith("one query") else (6, 1)
+    q = torch.randn(2, H, n_q, 8, generator=generator, requires_grad=True)
+    if layout.startswith("one key"):
+        cache_k = torch.randn(2, H, 8, 1, generator=generator, requires_grad=True)
+        cache_v = torch.randn(2, H, 8, 1, generator=generator, requires_grad=True)
+        k, v = cache_k.mT, cache_v.mT  # (B, H, 1, d), row stride 1
+    else:
+        k = torch.randn(2, H, n_k, 8, generator=generator, requires_grad=True)
+        v = torch.randn(2, H, n_k, 8, generator=generator, requires_grad=True)
+    blocks, masks = [(0, n_q, 0, n_k)], [None]
+    context = blocked_attention(q, k, v, blocks, masks, 0.3)
+    weights = torch.randn(2, H, 8, n_q, generator=generator)
+    ours = torch.autograd.grad((context.mT * weights).sum(), (q, k, v))  # grad_out via .mT
+    theirs = _dense_blocked_gradients(q, k, v, blocks, masks, 0.3, weights.mT)
+    for mine, reference in zip(ours, theirs, strict=True):
+        assert (mine.double() - reference).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("path", _paths())
+def test_blocked_attention_takes_columns_and_broadcast_masks(path, monkeypatch):
+    """Column-major q, k and v (the flash kernel reads rows as unit-stride: they are
+    made so), and masks that only broadcast: key padding (B, 1, 1, span), a 2-D one, a
+    transposed view."""
+    if path == "python":
+        monkeypatch.setattr(native, "_module", None)
+    generator = torch.Generator().manual_seed(3)
+
+    def column_major(*shape):
+        return torch.randn(*shape[:2], shape[3], shape[2], generator=generator).mT.requires_grad_()
+
+    q, k, v = column_major(2, H, 12, 8), column_major(2, H, 12, 8), column_major(2, H, 12, 8)
+    padding = torch.rand(2, 1, 1, 7, generator=generator) > 0.4
+    padding[..., 0] = True
+    two_d = torch.rand(4, 7, generator=generator) > 0.3
+    two_d[:, 0] = True
+    transposed = (torch.rand(1, 1, 7, 4, generator=generator) > 0.3).mT
+    transposed[..., 0] = True
+    blocks = [(0, 4, 0, 7), (4, 8, 3, 10), (8, 12, 5, 12)]
+    masks = [padding, two_d, transposed]
+    context = blocked_attention(q, k, v, blocks, masks, 0.3)
+    weights = torch.randn(context.shape, generator=generator)
+    ours = torch.autograd.grad((context * weights).sum(), (q, k, v))
+    expanded = [m.expand(2, H, 4, 7) for m in masks]
+    theirs = _dense_blocked_gradients(q, k, v, blocks, expanded, 0.3, weights)
+    for mine, reference in zip(ours, theirs, strict=True):
+        assert (mine.double() - reference).abs().max() < 1e-5
+
+
+def test_blocked_attention_refuses_bad_blocks_before_it_runs():
+    q = torch.randn(1, H, 8, 4, requires_grad=True)
+    for blocks, problem in (
+        ([(5, 3, 0, 4)], "lies outside"),
+        ([(0, 4, 0, 40)], "lies outside"),
+        ([(0, 6, 0, 4), (4, 8, 4, 8)], "shares queries"),
+    ):
+        with pytest.raises(ValueError, match=problem):
+            blocked_attention(q, q, q, blocks, [None] * len(blocks), 0.5)
+    with pytest.raises(ValueError, match="one per block"):
+        blocked_attention(q, q, q, [(0, 8, 0, 8)], [], 0.5)
+
+
+@pytest.mark.parametrize("shape", [(2, 0, 10, 4), (0, H, 10, 4), (2, H, 10, 0)])
+def test_blocked_attention_of_nothing_is_empty(shape):
+    """No heads, batch or width: an empty context with a graph (the flash kernel would
+    divide by zero)."""
+    q = torch.randn(*shape, requires_grad=True)
+    context = blocked_attention(q, q, q, [(0, 10, 0, 10)], [None], 0.5)
+    assert context.shape == shape
+    context.sum().backward()
+    assert q.grad.shape == shape

@@ -29,11 +29,17 @@ const float* rows_of(const at::Tensor& t, int64_t batch, int64_t head) {
   return t.data_ptr<float>() + batch * t.stride(0) + head * t.stride(1);
 }
 
+// The distance between consecutive rows, as BLAS takes it: at least d (any for one row).
+int64_t leading(const at::Tensor& t) {
+  return t.size(2) <= 1 ? std::max<int64_t>(t.size(3), 1) : t.stride(2);
+}
+
 void check_rows(const at::Tensor& t, const char* name, int64_t batches, int64_t heads,
                 int64_t d) {
   TORCH_CHECK(t.scalar_type() == at::kFloat && t.dim() == 4 && t.size(0) == batches &&
-                  t.size(1) == heads && t.size(3) == d && (t.stride(3) == 1 || d == 1),
-              name, " must be a float32 (B, H, N, d) tensor with unit-stride rows");
+                  t.size(1) == heads && t.size(3) == d && (t.stride(3) == 1 || d == 1) &&
+                  (t.size(2) <= 1 || t.stride(2) >= d),
+              name, " must be a float32 (B, H, N, d) tensor with unit-stride, disjoint rows");
 }
 
 struct Block {
@@ -94,10 +100,11 @@ at::Tensor blocked_backward(const at::Tensor& q, const at::Tensor& k, const at::
     scratch_size = std::max(scratch_size, rows * span);
   }
   const float scale = static_cast<float>(scale_);
-  const int64_t ldq = q.stride(2), ldo = out.stride(2), lddo = grad_out.stride(2);
-  const int64_t ldk = k.stride(2), ldv = v.stride(2);
-  const int64_t lddk = grad_k.stride(2), lddv = grad_v.stride(2);
+  const int64_t ldq = leading(q), ldo = leading(out), lddo = leading(grad_out);
+  const int64_t ldk = leading(k), ldv = leading(v);
+  const int64_t lddk = leading(grad_k), lddv = leading(grad_v);
   auto grad_q = at::zeros({batches, heads, n_q, d}, q.options());
+  if (grad_q.numel() == 0 || n_k == 0) return grad_q;
 
   // Each thread's P and dS for one block: torch's allocator holds them, so peak memory
   // counts them.
