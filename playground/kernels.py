@@ -197,6 +197,11 @@ class _Band:
             for i in range(self.num_blocks)
         ]
 
+    def native_layout(self, mask: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The blocks as `playground.native` takes them: (blocks, 4) int64 (`blocks()`),
+        and the mask (B, blocks, block, span) as one (B, 1, block, span) view per block."""
+        return torch.tensor(self.blocks(), dtype=torch.long), list(mask[:, :, None].unbind(1))
+
     def query_blocks(self, queries: torch.Tensor, num_heads: int) -> torch.Tensor:
         """(B, N, E) -> (B, blocks, H, block, d), a view of queries padded to whole blocks."""
         if self.num_blocks * self.block > self.n:
@@ -206,6 +211,19 @@ class _Band:
     def context(self, blocks: torch.Tensor) -> torch.Tensor:
         """(B, blocks, H, block, d) -> (B, N, E)."""
         return rearrange(blocks, "b nb h blk d -> b (nb blk) (h d)")[:, : self.n]
+
+
+def _by_head(blocks: torch.Tensor) -> torch.Tensor:
+    """(B, blocks, H, block, ·) -> (B, H, blocks·block, ·), a view when it can be: how
+    `playground.native` reads the band's queries, outputs and their gradients."""
+    return blocks.transpose(1, 2).flatten(2, 3)
+
+
+def _keys_and_values(buffer: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The band's buffer (B, R, 2E), or its gradient, as keys and values (B, H, R, d),
+    views: how `playground.native` reads them."""
+    pair = buffer.unflatten(-1, (2, num_heads, -1)).transpose(1, 3)  # (B, H, 2, R, d)
+    return pair[:, :, 0], pair[:, :, 1]
 
 
 def _span_heads(spans: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -228,19 +246,29 @@ class _FlashBand(torch.autograd.Function):
     def forward(ctx, queries, keys_values, prefix_keys_values, mask, band, num_heads):
         buffer = band.chunked(keys_values, 0.0, prefix_keys_values)  # (B, chunks·rows, 2E)
         q = band.query_blocks(queries, num_heads)
-        width = queries.shape[-1]
-        outs, sums = [], []
-        for b, spans in enumerate(band.spans(buffer)):  # (blocks, span, 2E)
-            keys, values = spans.split(width, dim=-1)
-            out, log_sum_exp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                q[b],
-                _span_heads(keys, num_heads),
-                _span_heads(values, num_heads),
-                attn_mask=mask[b, :, None],
-            )
-            outs.append(out)
-            sums.append(log_sum_exp)
-        out, log_sum_exp = torch.stack(outs), torch.stack(sums)  # (B, blocks, H, block, ·)
+        if q.dtype == torch.float32 and native.load() is not None:
+            out, log_sum_exp = native.load().blocked_forward(
+                _rows_unit_stride(_by_head(q)),
+                *_keys_and_values(buffer, num_heads),
+                *band.native_layout(mask),
+                q.shape[-1] ** -0.5,
+            )  # (B, H, blocks·block, ·): as blocks, views
+            out = rearrange(out, "b h (nb blk) d -> b nb h blk d", blk=band.block)
+            log_sum_exp = rearrange(log_sum_exp, "b h (nb blk) -> b nb h blk", blk=band.block)
+        else:
+            width = queries.shape[-1]
+            outs, sums = [], []
+            for b, spans in enumerate(band.spans(buffer)):  # (blocks, span, 2E)
+                keys, values = spans.split(width, dim=-1)
+                out, log_sum_exp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                    q[b],
+                    _span_heads(keys, num_heads),
+                    _span_heads(values, num_heads),
+                    attn_mask=mask[b, :, None],
+                )
+                outs.append(out)
+                sums.append(log_sum_exp)
+            out, log_sum_exp = torch.stack(outs), torch.stack(sums)  # (B, blocks, H, block, ·)
         ctx.save_for_backward(queries, keys_values, prefix_keys_values, mask, out, log_sum_exp)
         ctx.band, ctx.num_heads = band, num_heads
         return band.context(out)
@@ -295,24 +323,15 @@ class _FlashBand(torch.autograd.Function):
         gradients in place onto the buffer's: (B, blocks, H, block, ·) tensors are read
         as (B, H, blocks·block, ·), the buffer's keys and values as (B, H, rows, d)."""
         heads = q.shape[2]
-
-        def by_head(blocks: torch.Tensor) -> torch.Tensor:
-            return blocks.transpose(1, 2).flatten(2, 3)  # a view when it can be
-
-        def keys_and_values(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            pair = rows.unflatten(-1, (2, heads, -1)).transpose(1, 3)  # (B, H, 2, R, d)
-            return pair[:, :, 0], pair[:, :, 1]
-
         grad_buffer = torch.zeros_like(buffer)
         grad_q = native.load().blocked_backward(
-            _rows_unit_stride(by_head(q)),
-            *keys_and_values(buffer),
-            _rows_unit_stride(by_head(out)),
-            by_head(log_sum_exp),
-            _rows_unit_stride(by_head(grad_out)),
-            *keys_and_values(grad_buffer),
-            torch.tensor(band.blocks(), dtype=torch.long),
-            list(mask[:, :, None].unbind(1)),  # (B, 1, block, span) each
+            _rows_unit_stride(_by_head(q)),
+            *_keys_and_values(buffer, heads),
+            _rows_unit_stride(_by_head(out)),
+            _by_head(log_sum_exp),
+            _rows_unit_stride(_by_head(grad_out)),
+            *_keys_and_values(grad_buffer, heads),
+            *band.native_layout(mask),
             q.shape[-1] ** -0.5,
         )
         return rearrange(grad_q, "b h n d -> b n (h d)")[:, : band.n], grad_buffer
@@ -420,6 +439,16 @@ class _FlashBlocks(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, blocks, masks, scale):
+        if q.dtype == torch.float32 and native.load() is not None:
+            out, log_sum_exp = native.load().blocked_forward(
+                *(_rows_unit_stride(t) for t in (q, k, v)),
+                _native_blocks(blocks),
+                _native_masks(masks, q),
+                scale,
+            )
+            ctx.save_for_backward(q, k, v, out, log_sum_exp, *masks)
+            ctx.blocks, ctx.scale = blocks, scale
+            return out
         batch, heads, n_q = q.shape[:3]
         out = torch.zeros_like(q, memory_format=torch.contiguous_format)
         lse_dtype = torch.promote_types(q.dtype, torch.float32)  # the flash kernel's
@@ -468,8 +497,8 @@ class _FlashBlocks(torch.autograd.Function):
                 _rows_unit_stride(grad_out),
                 grad_k,
                 grad_v,
-                torch.tensor(blocks, dtype=torch.long).view(-1, 4),
-                [q.new_empty(0) if mask is None else mask for mask in masks],
+                _native_blocks(blocks),
+                _native_masks(masks, q),
                 scale,
             )
             return grad_q, grad_k, grad_v, None, None, None
@@ -508,6 +537,16 @@ def _block_mask(mask: torch.Tensor, dtype: torch.dtype, rows: int, span: int) ->
             f"a block's mask must broadcast to (B, H, {rows}, {span}); got {tuple(mask.shape)}"
         )
     return mask if mask.stride(-1) == 1 or span == 1 else mask.contiguous()
+
+
+def _native_blocks(blocks: Sequence[Block]) -> torch.Tensor:
+    """Blocks as `playground.native` takes them: (blocks, 4) int64."""
+    return torch.tensor(blocks, dtype=torch.long).view(-1, 4)
+
+
+def _native_masks(masks: Sequence[torch.Tensor | None], like: torch.Tensor) -> list:
+    """Masks as `playground.native` takes them: an empty tensor for none."""
+    return [like.new_empty(0) if mask is None else mask for mask in masks]
 
 
 def _check_blocks(blocks: Sequence[Block], n_q: int, n_k: int) -> None:

@@ -163,22 +163,32 @@ def test_a_failed_build_warns_once_and_leaves_the_python_path(monkeypatch):
 
 
 class _Spy:
-    """A stand-in for the native module that counts blocked_backward's calls, optionally
-    handing it broken masks."""
+    """A stand-in for the native module that counts the blocked kernels' calls, optionally
+    handing them broken masks."""
 
     def __init__(self, module, break_mask: bool = False):
-        self.module, self.break_mask, self.calls = module, break_mask, 0
+        self.module, self.break_mask = module, break_mask
+        self.forwards = self.backwards = 0
+
+    def _masks(self, masks):
+        if self.break_mask:  # a kernel that ignores the band and the padding
+            return [torch.zeros_like(mask) for mask in masks]
+        return masks
+
+    def blocked_forward(self, *arguments):
+        self.forwards += 1
+        *head, masks, scale = arguments
+        return self.module.blocked_forward(*head, self._masks(masks), scale)
 
     def blocked_backward(self, *arguments):
-        self.calls += 1
+        self.backwards += 1
         *head, masks, scale = arguments
-        if self.break_mask:  # a kernel that ignores the band and the padding
-            masks = [torch.zeros_like(mask) for mask in masks]
-        return self.module.blocked_backward(*head, masks, scale)
+        return self.module.blocked_backward(*head, self._masks(masks), scale)
 
 
 def _banded_gradients(case, seed: int, width: int = 8):
-    """float32 gradients of banded_attention on `case`, and float64 dense ones."""
+    """float32 outputs (of the rows that see a key) and gradients of banded_attention on
+    `case`, and float64 dense ones."""
     n, before, after, prefix, causal_prefix, block = case
     generator = torch.Generator().manual_seed(seed)
     batch = 2
@@ -210,18 +220,18 @@ def _banded_gradients(case, seed: int, width: int = 8):
     weights = torch.randn(expected.shape, generator=generator, dtype=torch.float64)
     ours = torch.autograd.grad((context * weights.float())[seen].sum(), inputs)
     theirs = torch.autograd.grad((expected * weights)[seen].sum(), doubled)
-    return ours, theirs
+    return [context[seen].detach(), *ours], [expected[seen].detach(), *theirs]
 
 
 @needs_native
 @pytest.mark.parametrize("case", [*CASES, (300, 64, 64, 2, True, 64), (257, 100, 0, 0, False, 64)])
-def test_native_banded_backward_matches_the_dense_reference(case, monkeypatch):
-    """float32 native gradients of queries, keys, values and prefix keys within 1e-5 of
-    the float64 dense band's, with the native kernel seen to run."""
+def test_native_banded_kernels_match_the_dense_reference(case, monkeypatch):
+    """float32 native outputs and gradients of queries, keys, values and prefix keys
+    within 1e-5 of the float64 dense band's, with the native kernels seen to run."""
     spy = _Spy(native.load())
     monkeypatch.setattr(native, "_module", spy)
     ours, theirs = _banded_gradients(case, seed=sum(case[:3]), width=8 if case[0] < 100 else 64)
-    assert spy.calls == 1
+    assert spy.forwards == spy.backwards == 1
     for mine, reference in zip(ours, theirs, strict=True):
         error = (mine.double() - reference).abs().max().item()
         assert error < 1e-5 * max(1.0, reference.abs().max().item()), error
@@ -253,7 +263,7 @@ def test_native_banded_backward_catches_a_kernel_that_ignores_the_mask(monkeypat
 
 
 def _blocked_gradients(seed: int = 0):
-    """float32 gradients of blocked_attention, and float64 dense ones."""
+    """float32 outputs and gradients of blocked_attention, and float64 dense ones."""
     (q, k, v), blocks, masks, allowed, bias = blocked_case(torch.float32, seed, n=40, d=16)
     blocks = [(0, 5, 0, 9), (5, 10, 2, 15), (10, 16, 8, 23), (16, 19, 0, 0), (21, 23, 20, 40)]
     masks[4] = torch.randn(2, H, 2, 20, generator=torch.Generator().manual_seed(seed))
@@ -265,17 +275,18 @@ def _blocked_gradients(seed: int = 0):
     weights = torch.randn(expected.shape, dtype=torch.float64, generator=torch.Generator())
     ours = torch.autograd.grad((context * weights.float()).sum(), (q, k, v))
     theirs = torch.autograd.grad((expected * weights).sum(), doubled)
-    return ours, theirs
+    return [context.detach(), *ours], [expected.detach(), *theirs]
 
 
 @needs_native
-def test_native_blocked_backward_matches_the_dense_reference(monkeypatch):
+def test_native_blocked_kernels_match_the_dense_reference(monkeypatch):
     """Overlapping spans, bool, per-head additive and per-batch-and-head masks, no mask,
-    a block without keys and queries in no block: gradients within 1e-5 of float64."""
+    a block without keys and queries in no block: outputs and gradients within 1e-5 of
+    float64."""
     spy = _Spy(native.load())
     monkeypatch.setattr(native, "_module", spy)
     ours, theirs = _blocked_gradients()
-    assert spy.calls == 1
+    assert spy.forwards == spy.backwards == 1
     for mine, reference in zip(ours, theirs, strict=True):
         error = (mine.double() - reference).abs().max().item()
         assert error < 1e-5 * max(1.0, reference.abs().max().item()), error

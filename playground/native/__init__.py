@@ -4,7 +4,7 @@ Two fused backwards, tiled so that each tile's probabilities stay in cache betwe
 products, which whole-block torch operations cannot do:
 - `hankel_backward.cpp`: that of `kernels.hankel_biased_attention` (learned relative
   biases: T5, learnable ALiBi, any `relative_score_mod`), with the bias gradient;
-- `blocked_backward.cpp`: that of blocks of queries each over its own span of keys
+- `blocked_attention.cpp`: that of blocks of queries each over its own span of keys
   (`kernels.blocked_attention`: mask_mod windows; `kernels.banded_attention`: Longformer),
   adding each span's key and value gradients in place, with nothing span-sized to zero.
 
@@ -28,7 +28,7 @@ from types import ModuleType
 
 SOURCES = tuple(
     Path(__file__).with_name(name)
-    for name in ("module.cpp", "hankel_backward.cpp", "blocked_backward.cpp")
+    for name in ("module.cpp", "hankel_backward.cpp", "blocked_attention.cpp")
 )
 HEADERS = (Path(__file__).with_name("native.h"),)
 DISABLE_VARIABLE = "PLAYGROUND_NATIVE"

@@ -4,6 +4,8 @@
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("hankel_biased_backward", &playground_native::hankel_biased_backward,
         "Fused backward of softmax(scale q k^T + Hankel bias) v, with the bias gradient");
+  m.def("blocked_forward", &playground_native::blocked_forward,
+        "Blocks of queries, each over its own span of keys with a mask: out and log-sum-exp");
   m.def("blocked_backward", &playground_native::blocked_backward,
         "Fused backward of blocks of queries, each over its own span of keys with a mask");
 }

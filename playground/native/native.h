@@ -53,6 +53,10 @@ std::vector<at::Tensor> hankel_biased_backward(const at::Tensor& q, const at::Te
                                                const at::Tensor& grad_out, double scale,
                                                bool causal);
 
+std::vector<at::Tensor> blocked_forward(const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v, const at::Tensor& blocks,
+                                        const std::vector<at::Tensor>& masks, double scale);
+
 at::Tensor blocked_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& out, const at::Tensor& log_sum_exp,
                             const at::Tensor& grad_out, const at::Tensor& grad_k,

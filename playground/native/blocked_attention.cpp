@@ -1,10 +1,12 @@
-// The backward of blocked attention: blocks of consecutive queries, each over its own span
-// of consecutive keys with an additive mask. The native twin of the Python backwards of
-// playground.kernels' `blocked_attention` (the mask_mod / score_mod path) and
-// `banded_attention` (windows with prefix keys), which lay their keys out so that each
-// block's keys are one span.
+// Blocked attention, forward and backward: blocks of consecutive queries, each over its
+// own span of consecutive keys with an additive mask. The native twins of the flash
+// kernel's forward and of the Python backwards of playground.kernels' `blocked_attention`
+// (the mask_mod path) and `banded_attention` (windows with prefix keys), which lay their
+// keys out so that each block's keys are one span.
 //
-// Per (batch, head) and per block, over its span:
+// Forward, per (batch, head) and block: S = scale · q kᵀ + M, P = softmax(S), O = P v, and
+// L = the rows' log-sum-exp. A block's whole span fits in cache, so no running maximum.
+// Backward, per (batch, head) and per block, over its span:
 //   P  = exp(scale · q kᵀ + M − L)              (0 where a key is hidden)
 //   dV += Pᵀ dO,  dP = dO vᵀ,  dS = P ⊙ (dP − rowsum(dO ⊙ O))
 //   dQ = scale · dS k,  dK += scale · dSᵀ q
@@ -12,7 +14,7 @@
 // (spans may overlap): no per-block gradient is held, zeroed or scattered, which is where
 // autograd through per-block attention, or the flash kernel's own backward per block,
 // spends its time. A block's P and dS stay in cache between the five products. Threads
-// split the (batch, head) pairs; a pair's rows of the gradients are its own, so nothing
+// split the (batch, head) pairs; a pair's rows of the outputs are its own, so nothing
 // is shared. float32 only.
 #include "native.h"
 
@@ -46,7 +48,126 @@ struct Block {
   int64_t start, stop, key_start, key_stop;
 };
 
+// The blocks, checked against the queries, keys and masks; `widest` gets the largest
+// block · span (the scratch one block needs).
+const Block* checked_blocks(const at::Tensor& blocks, const std::vector<at::Tensor>& masks,
+                            int64_t n_q, int64_t n_k, int64_t batches, int64_t heads,
+                            int64_t* widest) {
+  TORCH_CHECK(blocks.scalar_type() == at::kLong && blocks.is_contiguous() && blocks.dim() == 2 &&
+                  blocks.size(1) == 4 && static_cast<size_t>(blocks.size(0)) == masks.size(),
+              "blocks must be a contiguous int64 (blocks, 4) tensor, one mask per block");
+  const Block* blocks_ = reinterpret_cast<const Block*>(blocks.data_ptr<int64_t>());
+  *widest = 1;
+  for (int64_t i = 0; i < blocks.size(0); ++i) {
+    const Block& block = blocks_[i];
+    const int64_t rows = block.stop - block.start, span = block.key_stop - block.key_start;
+    TORCH_CHECK(0 <= block.start && block.start <= block.stop && block.stop <= n_q &&
+                    0 <= block.key_start && block.key_start <= block.key_stop &&
+                    block.key_stop <= n_k,
+                "block ", i, " lies outside the queries or the keys");
+    const at::Tensor& mask = masks[i];
+    TORCH_CHECK(mask.numel() == 0 ||
+                    (mask.scalar_type() == at::kFloat && mask.dim() == 4 &&
+                     (mask.size(0) == 1 || mask.size(0) == batches) &&
+                     (mask.size(1) == 1 || mask.size(1) == heads) && mask.size(2) == rows &&
+                     mask.size(3) == span && (mask.stride(3) == 1 || span == 1)),
+                "the mask of block ", i,
+                " must be empty or float32 (1 or B, 1 or H, block, span) with unit-stride rows");
+    *widest = std::max(*widest, rows * span);
+  }
+  return blocks_;
+}
+
+// Row 0 of a block's mask at (batch, head), and its row stride in `ld`; null for none.
+const float* mask_rows(const at::Tensor& mask, int64_t batch, int64_t head, int64_t* ld) {
+  if (mask.numel() == 0) return nullptr;
+  *ld = mask.stride(2);
+  return mask.data_ptr<float>() + (mask.size(0) == 1 ? 0 : batch * mask.stride(0)) +
+         (mask.size(1) == 1 ? 0 : head * mask.stride(1));
+}
+
 }  // namespace
+
+// q (B, H, Nq, d), k and v (B, H, Nk, d), blocks and masks as for blocked_backward below.
+// Per (batch, head) and block: S = scale · q kᵀ + M over the span, each row's maximum m
+// and sum s of exp(S − m), P = exp(S − m) / s and O = P v: the whole span of a block fits
+// in cache, so no running maximum is needed. Returns out (B, H, Nq, d) and the per-row
+// log-sum-exp L = m + log s (B, H, Nq), which blocked_backward takes; a row that sees no
+// key (or is in no block) gets O = 0 and L = 0, as the CPU flash kernel gives.
+std::vector<at::Tensor> blocked_forward(const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v, const at::Tensor& blocks,
+                                        const std::vector<at::Tensor>& masks, double scale_) {
+  TORCH_CHECK(q.dim() == 4, "q must be (B, H, Nq, d)");
+  const int64_t batches = q.size(0), heads = q.size(1), n_q = q.size(2), d = q.size(3);
+  const int64_t n_k = k.dim() == 4 ? k.size(2) : -1;
+  check_rows(q, "q", batches, heads, d);
+  for (const at::Tensor* t : {&k, &v}) {
+    check_rows(*t, "k and v", batches, heads, d);
+    TORCH_CHECK(t->size(2) == n_k, "k and v must have as many rows");
+  }
+  int64_t widest = 1;
+  const Block* blocks_ = checked_blocks(blocks, masks, n_q, n_k, batches, heads, &widest);
+  const int64_t num_blocks = blocks.size(0);
+  auto out = at::zeros({batches, heads, n_q, d}, q.options());
+  auto log_sum_exp = at::zeros({batches, heads, n_q}, q.options());
+  if (out.numel() == 0 || n_k == 0) return {out, log_sum_exp};
+  const float scale = static_cast<float>(scale_);
+  const int64_t ldq = leading(q), ldk = leading(k), ldv = leading(v);
+  const int64_t threads =
+      std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), batches * heads));
+  auto scratch = at::empty({threads, widest}, q.options());
+  at::parallel_for(0, batches * heads, 1, [&](int64_t begin, int64_t end) {
+    const int64_t thread = at::get_thread_num();
+    TORCH_CHECK(thread < threads, "more threads than scratch tiles");
+    float* p = scratch.data_ptr<float>() + thread * widest;
+    for (int64_t pair = begin; pair < end; ++pair) {
+      const int64_t batch = pair / heads, head = pair % heads;
+      const float* qh = rows_of(q, batch, head);
+      const float* kh = rows_of(k, batch, head);
+      const float* vh = rows_of(v, batch, head);
+      float* oh = out.data_ptr<float>() + pair * n_q * d;
+      float* lse = log_sum_exp.data_ptr<float>() + pair * n_q;
+      for (int64_t i = 0; i < num_blocks; ++i) {
+        const Block& block = blocks_[i];
+        const int64_t rows = block.stop - block.start, span = block.key_stop - block.key_start;
+        if (rows == 0 || span == 0) continue;
+        int64_t ldm = 0;
+        const float* m = mask_rows(masks[i], batch, head, &ldm);
+        const float* v_span = vh + block.key_start * ldv;
+        matmul(false, true, rows, span, d, scale, qh + block.start * ldq, ldq,
+               kh + block.key_start * ldk, ldk, 0.0f, p, span);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* row = p + r * span;
+          float top = -INFINITY;
+          if (m != nullptr) {
+            const float* bias = m + r * ldm;
+#pragma omp simd reduction(max : top)
+            for (int64_t j = 0; j < span; ++j) {
+              row[j] += bias[j];
+              top = row[j] > top ? row[j] : top;
+            }
+          } else {
+#pragma omp simd reduction(max : top)
+            for (int64_t j = 0; j < span; ++j) top = row[j] > top ? row[j] : top;
+          }
+          float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+          for (int64_t j = 0; j < span; ++j) {
+            row[j] = exp_nonpositive(row[j] - top);  // 0 where hidden, and everywhere if all are
+            sum += row[j];
+          }
+          const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
+#pragma omp simd
+          for (int64_t j = 0; j < span; ++j) row[j] *= inverse;
+          lse[block.start + r] = sum > 0.0f ? top + std::log(sum) : 0.0f;
+        }
+        matmul(false, false, rows, d, span, 1.0f, p, span, v_span, ldv, 0.0f,
+               oh + block.start * d, d);
+      }
+    }
+  });
+  return {out, log_sum_exp};
+}
 
 // q, out, grad_out (B, H, Nq, d); k, v, grad_k, grad_v (B, H, Nk, d): float32 with
 // unit-stride rows, any other strides (views into one buffer of keys and values, say);
@@ -76,29 +197,9 @@ at::Tensor blocked_backward(const at::Tensor& q, const at::Tensor& k, const at::
                   log_sum_exp.size(0) == batches && log_sum_exp.size(1) == heads &&
                   log_sum_exp.size(2) == n_q,
               "log_sum_exp must be a float32 (B, H, Nq) tensor");
-  TORCH_CHECK(blocks.scalar_type() == at::kLong && blocks.is_contiguous() && blocks.dim() == 2 &&
-                  blocks.size(1) == 4 && static_cast<size_t>(blocks.size(0)) == masks.size(),
-              "blocks must be a contiguous int64 (blocks, 4) tensor, one mask per block");
+  int64_t scratch_size = 1;
+  const Block* blocks_ = checked_blocks(blocks, masks, n_q, n_k, batches, heads, &scratch_size);
   const int64_t num_blocks = blocks.size(0);
-  const Block* blocks_ = reinterpret_cast<const Block*>(blocks.data_ptr<int64_t>());
-  int64_t scratch_size = 0;
-  for (int64_t i = 0; i < num_blocks; ++i) {
-    const Block& block = blocks_[i];
-    const int64_t rows = block.stop - block.start, span = block.key_stop - block.key_start;
-    TORCH_CHECK(0 <= block.start && block.start <= block.stop && block.stop <= n_q &&
-                    0 <= block.key_start && block.key_start <= block.key_stop &&
-                    block.key_stop <= n_k,
-                "block ", i, " lies outside the queries or the keys");
-    const at::Tensor& mask = masks[i];
-    TORCH_CHECK(mask.numel() == 0 ||
-                    (mask.scalar_type() == at::kFloat && mask.dim() == 4 &&
-                     (mask.size(0) == 1 || mask.size(0) == batches) &&
-                     (mask.size(1) == 1 || mask.size(1) == heads) && mask.size(2) == rows &&
-                     mask.size(3) == span && (mask.stride(3) == 1 || span == 1)),
-                "the mask of block ", i,
-                " must be empty or float32 (1 or B, 1 or H, block, span) with unit-stride rows");
-    scratch_size = std::max(scratch_size, rows * span);
-  }
   const float scale = static_cast<float>(scale_);
   const int64_t ldq = leading(q), ldo = leading(out), lddo = leading(grad_out);
   const int64_t ldk = leading(k), ldv = leading(v);
@@ -110,12 +211,12 @@ at::Tensor blocked_backward(const at::Tensor& q, const at::Tensor& k, const at::
   // counts them.
   const int64_t threads =
       std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), batches * heads));
-  auto scratch = at::empty({threads, 2, std::max<int64_t>(scratch_size, 1)}, q.options());
+  auto scratch = at::empty({threads, 2, scratch_size}, q.options());
   at::parallel_for(0, batches * heads, 1, [&](int64_t begin, int64_t end) {
     const int64_t thread = at::get_thread_num();
     TORCH_CHECK(thread < threads, "more threads than scratch tiles");
-    float* p = scratch.data_ptr<float>() + thread * 2 * std::max<int64_t>(scratch_size, 1);
-    float* ds = p + std::max<int64_t>(scratch_size, 1);
+    float* p = scratch.data_ptr<float>() + thread * 2 * scratch_size;
+    float* ds = p + scratch_size;
     std::vector<float> row_dot;
     for (int64_t pair = begin; pair < end; ++pair) {
       const int64_t batch = pair / heads, head = pair % heads;
@@ -139,14 +240,8 @@ at::Tensor blocked_backward(const at::Tensor& q, const at::Tensor& k, const at::
         const float* do_tile = doh + block.start * lddo;
         const float* k_span = kh + block.key_start * ldk;
         const float* v_span = vh + block.key_start * ldv;
-        const at::Tensor& mask = masks[i];
-        const float* m = nullptr;
         int64_t ldm = 0;
-        if (mask.numel() > 0) {
-          m = mask.data_ptr<float>() + (mask.size(0) == 1 ? 0 : batch * mask.stride(0)) +
-              (mask.size(1) == 1 ? 0 : head * mask.stride(1));
-          ldm = mask.stride(2);
-        }
+        const float* m = mask_rows(masks[i], batch, head, &ldm);
         // S = scale · q kᵀ (rows × span), then P = exp(S + M − L) in place.
         matmul(false, true, rows, span, d, scale, q_tile, ldq, k_span, ldk, 0.0f, p, span);
         row_dot.resize(rows);
