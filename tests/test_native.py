@@ -186,6 +186,28 @@ class _Spy:
         return self.module.blocked_backward(*head, self._masks(masks), scale)
 
 
+def _assert_within_1e5(ours, theirs) -> None:
+    """float32 results within 1e-5 of float64 ones, relative where they exceed 1."""
+    for mine, reference in zip(ours, theirs, strict=True):
+        error = (mine.double() - reference).abs().max().item()
+        assert error < 1e-5 * max(1.0, reference.abs().max().item()), error
+
+
+def _assert_native_equals_python(results_of) -> None:
+    """results_of() the same, to float32 rounding, on the native and the Python paths."""
+    results = {}
+    for path in ("native", "python"):
+        loaded = native._module
+        if path == "python":
+            native._module = None  # what load() returns when the build is unavailable
+        try:
+            results[path] = results_of()
+        finally:
+            native._module = loaded
+    for mine, python in zip(results["native"], results["python"], strict=True):
+        torch.testing.assert_close(mine, python, atol=2e-6, rtol=1e-5)
+
+
 def _banded_gradients(case, seed: int, width: int = 8):
     """float32 outputs (of the rows that see a key) and gradients of banded_attention on
     `case`, and float64 dense ones."""
@@ -232,25 +254,15 @@ def test_native_banded_kernels_match_the_dense_reference(case, monkeypatch):
     monkeypatch.setattr(native, "_module", spy)
     ours, theirs = _banded_gradients(case, seed=sum(case[:3]), width=8 if case[0] < 100 else 64)
     assert spy.forwards == spy.backwards == 1
-    for mine, reference in zip(ours, theirs, strict=True):
-        error = (mine.double() - reference).abs().max().item()
-        assert error < 1e-5 * max(1.0, reference.abs().max().item()), error
+    _assert_within_1e5(ours, theirs)
 
 
 @needs_native
 def test_native_banded_backward_equals_the_python_backward():
     """The same gradients as the Python backward it replaces (PLAYGROUND_NATIVE=0)."""
-    results = {}
-    for path in ("native", "python"):
-        loaded = native._module
-        if path == "python":
-            native._module = None
-        try:
-            results[path] = _banded_gradients((200, 40, 30, 2, True, 32), seed=3, width=32)[0]
-        finally:
-            native._module = loaded
-    for mine, python in zip(results["native"], results["python"], strict=True):
-        torch.testing.assert_close(mine, python, atol=2e-6, rtol=1e-5)
+    _assert_native_equals_python(
+        lambda: _banded_gradients((200, 40, 30, 2, True, 32), seed=3, width=32)[0]
+    )
 
 
 @needs_native
@@ -287,24 +299,12 @@ def test_native_blocked_kernels_match_the_dense_reference(monkeypatch):
     monkeypatch.setattr(native, "_module", spy)
     ours, theirs = _blocked_gradients()
     assert spy.forwards == spy.backwards == 1
-    for mine, reference in zip(ours, theirs, strict=True):
-        error = (mine.double() - reference).abs().max().item()
-        assert error < 1e-5 * max(1.0, reference.abs().max().item()), error
+    _assert_within_1e5(ours, theirs)
 
 
 @needs_native
 def test_native_blocked_backward_equals_the_python_backward():
-    results = {}
-    for path in ("native", "python"):
-        loaded = native._module
-        if path == "python":
-            native._module = None
-        try:
-            results[path] = _blocked_gradients(seed=2)[0]
-        finally:
-            native._module = loaded
-    for mine, python in zip(results["native"], results["python"], strict=True):
-        torch.testing.assert_close(mine, python, atol=2e-6, rtol=1e-5)
+    _assert_native_equals_python(lambda: _blocked_gradients(seed=2)[0])
 
 
 @needs_native

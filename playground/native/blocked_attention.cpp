@@ -26,11 +26,6 @@ namespace playground_native {
 
 namespace {
 
-// Row 0 of (batch, head) of a (B, H, N, d) tensor with unit-stride rows.
-const float* rows_of(const at::Tensor& t, int64_t batch, int64_t head) {
-  return t.data_ptr<float>() + batch * t.stride(0) + head * t.stride(1);
-}
-
 // The distance between consecutive rows, as BLAS takes it: at least d (any for one row).
 int64_t leading(const at::Tensor& t) {
   return t.size(2) <= 1 ? std::max<int64_t>(t.size(3), 1) : t.stride(2);

@@ -23,11 +23,6 @@ namespace {
 
 constexpr int64_t TILE_Q = 64;
 
-// The rows (N, d) of one (batch, head) of a (B, H, N, d) tensor with unit-stride rows.
-const float* rows_of(const at::Tensor& t, int64_t batch, int64_t head) {
-  return t.data_ptr<float>() + batch * t.stride(0) + head * t.stride(1);
-}
-
 // The distance between consecutive rows (any, for a single row).
 int64_t row_stride(const at::Tensor& t) { return t.size(2) == 1 ? t.size(3) : t.stride(2); }
 

@@ -26,6 +26,11 @@ inline void matmul(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int
   sgemm_(&ta, &tb, &mm, &nn, &kk, &alpha, b, &la, a, &lb, &beta, c, &lc);
 }
 
+// Row 0 of (batch, head) of a (B, H, N, d) float32 tensor with unit-stride rows.
+inline const float* rows_of(const at::Tensor& t, int64_t batch, int64_t head) {
+  return t.data_ptr<float>() + batch * t.stride(0) + head * t.stride(1);
+}
+
 // exp(x) for x <= 0, 0 below −87 (where float32 would go subnormal, as the Python paths
 // do): Cody–Waite range reduction and a degree-6 polynomial (Cephes' expf), written so
 // that the compiler vectorises the loop that calls it.
