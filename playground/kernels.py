@@ -4,17 +4,18 @@ variant keeps its projections, its rules for which token is which, and its outpu
 
 - `banded_attention`: each query sees the keys within a band around it, plus a few prefix
   keys (global tokens) that every query may see; O(N · (band + G)) time and memory; on
-  CPU a flash forward and backward over the band's spans only.
+  CPU a fused forward and backward over the band's spans only.
 - `biased_attention`: softmax(scale · q kᵀ + bias) v on the CPU flash kernel with a fused
   backward that gives the bias its gradient too (SDPA gives none for a mask);
   `hankel_biased_attention` for a bias given by its anti-diagonals.
 - `blocked_attention`: blocks of queries, each over its own span of keys with a mask;
-  on CPU a flash forward per block and one fused backward over all of them.
+  on CPU one fused forward and one fused backward over all of them.
 - `relative_bias_attention`: softmax(scale · q kᵀ + T) v with a Toeplitz bias T (one value
   per head and relative position j − i), blocked over queries,
   `hankel_biased_attention` per block when T needs a gradient.
 
-All are differentiable, built on torch's fused attention kernels.
+All are differentiable (twice, through torch's own operations under create_graph=True),
+built on torch's fused attention kernels and `playground.native`'s.
 """
 
 from __future__ import annotations
@@ -232,10 +233,11 @@ def _span_heads(spans: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 class _FlashBand(torch.autograd.Function):
-    """`banded_attention` on CPU: forward, one flash call per sequence over its blocks'
-    spans (strided views of the key buffer, never copied per block); backward, in float32
-    where `playground.native` is built, its fused kernel, which adds each span's key and
-    value gradients in place onto the buffer's; elsewhere `python_backward`. Then the
+    """`banded_attention` on CPU: in float32 where `playground.native` is built, its
+    blocked forward and backward over the blocks' spans (strided views of the key buffer,
+    never copied per block), the backward adding each span's key and value gradients in
+    place onto the buffer's; elsewhere one flash call per sequence forward and
+    `python_backward`. Then the
     buffer's gradient goes onto keys and prefix. Only the blocks within the band are ever
     touched, in backward as in forward; autograd would go through the buffer's copies and
     views instead, with a zero tensor per step. The buffer is not kept: backward lays it
@@ -396,9 +398,9 @@ def banded_attention(
 
     How: keys are laid out in a buffer (`_Band`) where all a block of queries may see is
     one contiguous span, so one attention call per sequence over (blocks, H, block, span)
-    reads the overlapping spans as a strided view, with no per-block copies. On CPU the
-    flash kernel runs it forward and backward (`_FlashBand`); elsewhere (and under
-    torch.func transforms) SDPA under autograd.
+    reads the overlapping spans as a strided view, with no per-block copies. On CPU
+    `_FlashBand` runs it forward and backward (native kernels in float32, else the flash
+    kernel's); elsewhere (and under torch.func transforms) SDPA under autograd.
     """
     num_prefix = 0 if prefix_keys_values is None else prefix_keys_values.shape[1]
     band = _Band.of(queries.shape[1], before, after, block, num_prefix)
@@ -429,10 +431,9 @@ Block = tuple[int, int, int, int]
 
 
 class _FlashBlocks(torch.autograd.Function):
-    """`blocked_attention` on CPU: forward, the flash kernel per block over its span,
-    keeping the per-row log-sum-exp; backward, in float32 where `playground.native` is
-    built, its blocked kernel over every block at once, elsewhere the flash kernel's own
-    backward per block. Either way each span's key and value gradients are added in place
+    """`blocked_attention` on CPU: in float32 where `playground.native` is built, its
+    blocked forward and backward over every block at once; elsewhere the flash kernel per
+    block, keeping the per-row log-sum-exp, and its own backward per block. Either way each span's key and value gradients are added in place
     onto the keys' and values', where autograd through per-block slices would give each
     block a zero tensor the size of all the keys. Under create_graph=True, torch's own
     operations instead (`_differentiable_gradients`)."""
@@ -589,9 +590,13 @@ def blocked_attention(
     NaN: let it see a key and zero it after), as does a query in no block, or in a block
     without keys.
 
-    How: on CPU, `_FlashBlocks` (flash forward per block; a fused backward that never
-    holds a gradient the size of all keys per block); elsewhere, and under torch.func
-    transforms, SDPA per block under autograd. Time and memory are those of the spans,
+    Hide keys with −inf (or False): a row hidden only by huge finite values comes out as
+    the mean of its values, but float32's log-sum-exp cannot hold that row's sum, and its
+    gradients are wrong by up to the span's length (torch's flash kernel alike).
+
+    How: on CPU, `_FlashBlocks` (native forward and backward in float32, else the flash
+    kernel's; a backward that never holds a gradient the size of all keys per block);
+    elsewhere, and under torch.func transforms, SDPA per block under autograd. Time and memory are those of the spans,
     O(Σ block · span).
     """
     if len(masks) != len(blocks):

@@ -412,3 +412,20 @@ def test_blocked_attention_of_nothing_is_empty(shape):
     assert context.shape == shape
     context.sum().backward()
     assert q.grad.shape == shape
+
+
+@pytest.mark.parametrize("path", _paths())
+def test_a_nan_score_gives_nan_not_a_dropped_key(path, monkeypatch):
+    """A NaN in a key (or +inf scores) makes the rows that see it NaN, forward and
+    backward, as the flash kernel does; the rows that do not see it stay finite."""
+    if path == "python":
+        monkeypatch.setattr(native, "_module", None)
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, H, 8, 4, generator=generator) for _ in "qkv")
+    k[:, :, 5] = float("nan")
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    blocks = [(0, 4, 0, 4), (4, 8, 2, 8)]  # only the second block sees key 5
+    context = blocked_attention(q, k, v, blocks, [None, None], 0.5)
+    assert context[:, :, :4].isfinite().all() and context[:, :, 4:].isnan().all()
+    context.sum().backward()
+    assert q.grad[:, :, :4].isfinite().all() and q.grad[:, :, 4:].isnan().all()

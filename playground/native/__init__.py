@@ -1,16 +1,17 @@
 """Native CPU kernels, compiled on first use for the machine they run on.
 
-Two fused backwards, tiled so that each tile's probabilities stay in cache between the five
+Fused kernels, tiled so that each tile's probabilities stay in cache between the
 products, which whole-block torch operations cannot do:
-- `hankel_backward.cpp`: that of `kernels.hankel_biased_attention` (learned relative
-  biases: T5, learnable ALiBi, any `relative_score_mod`), with the bias gradient;
-- `blocked_attention.cpp`: that of blocks of queries each over its own span of keys
-  (`kernels.blocked_attention`: mask_mod windows; `kernels.banded_attention`: Longformer),
-  adding each span's key and value gradients in place, with nothing span-sized to zero.
+- `hankel_backward.cpp`: the backward of `kernels.hankel_biased_attention` (learned
+  relative biases: T5, learnable ALiBi, any `relative_score_mod`), with the bias gradient;
+- `blocked_attention.cpp`: the forward and backward of blocks of queries each over its own
+  span of keys (`kernels.blocked_attention`: mask_mod windows; `kernels.banded_attention`:
+  Longformer), adding each span's key and value gradients in place, with nothing
+  span-sized to zero.
 
-They are optional. Without a C++ compiler, or with PLAYGROUND_NATIVE=0, the Python
-backwards in `playground.kernels` run instead, with the same results; `status()` says
-which runs and why.
+They are optional. Without a C++ compiler, or with PLAYGROUND_NATIVE=0, torch's flash
+kernel and the Python backwards in `playground.kernels` run instead, with the same
+results; `status()` says which runs and why.
 
 The build uses torch's own extension machinery (`torch.utils.cpp_extension.load`, which
 needs ninja) into torch's extensions cache, with -march=native: it is built where it runs.
@@ -100,9 +101,10 @@ def load() -> ModuleType | None:
         _status = NativeStatus(False, f"build failed: {type(error).__name__}: {first_line}")
         warnings.warn(
             f"playground.native could not be built ({_status.reason}); variants with a "
-            f"learned relative bias, a band or a mask_mod train on the slower Python "
-            f"backwards, with the same results. Install a C++ compiler and ninja for the fast one, or set "
-            f"{DISABLE_VARIABLE}=0 to use the Python backward without this warning.",
+            f"learned relative bias, a band or a mask_mod run on the slower flash kernel "
+            f"and Python backwards, with the same results. Install a C++ compiler and "
+            f"ninja for the fast ones, or set {DISABLE_VARIABLE}=0 to use the Python "
+            f"paths without this warning.",
             RuntimeWarning,
             stacklevel=2,
         )

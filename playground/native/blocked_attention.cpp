@@ -134,16 +134,28 @@ std::vector<at::Tensor> blocked_forward(const at::Tensor& q, const at::Tensor& k
         for (int64_t r = 0; r < rows; ++r) {
           float* row = p + r * span;
           float top = -INFINITY;
+          int not_a_number = 0;
           if (m != nullptr) {
             const float* bias = m + r * ldm;
-#pragma omp simd reduction(max : top)
+#pragma omp simd reduction(max : top) reduction(+ : not_a_number)
             for (int64_t j = 0; j < span; ++j) {
               row[j] += bias[j];
               top = row[j] > top ? row[j] : top;
+              not_a_number += row[j] != row[j];
             }
           } else {
-#pragma omp simd reduction(max : top)
-            for (int64_t j = 0; j < span; ++j) top = row[j] > top ? row[j] : top;
+#pragma omp simd reduction(max : top) reduction(+ : not_a_number)
+            for (int64_t j = 0; j < span; ++j) {
+              top = row[j] > top ? row[j] : top;
+              not_a_number += row[j] != row[j];
+            }
+          }
+          if (not_a_number > 0 || top == INFINITY) {
+            // A NaN score, or +inf (inf − inf): NaN, as the flash kernel gives, not a key
+            // quietly dropped. The backward sees the NaN log-sum-exp and passes it on.
+            std::fill(row, row + span, NAN);
+            lse[block.start + r] = NAN;
+            continue;
           }
           float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
@@ -243,7 +255,9 @@ at::Tensor blocked_backward(const at::Tensor& q, const at::Tensor& k, const at::
         for (int64_t r = 0; r < rows; ++r) {
           float* row = p + r * span;
           const float shift = lse[(block.start + r) * lse_stride];
-          if (m != nullptr) {
+          if (shift != shift) {  // the forward's NaN row: NaN gradients, not zeros
+            std::fill(row, row + span, NAN);
+          } else if (m != nullptr) {
             const float* bias = m + r * ldm;
 #pragma omp simd
             for (int64_t j = 0; j < span; ++j) row[j] = exp_nonpositive(row[j] + bias[j] - shift);

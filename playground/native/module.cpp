@@ -1,11 +1,15 @@
-// The Python module of the native kernels: one binding per entry point of native.h.
+// The Python module of the native kernels: one binding per entry point of native.h, each
+// releasing the GIL while it runs (as torch's own operators do), so Python threads overlap.
 #include "native.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("hankel_biased_backward", &playground_native::hankel_biased_backward,
-        "Fused backward of softmax(scale q k^T + Hankel bias) v, with the bias gradient");
+        "Fused backward of softmax(scale q k^T + Hankel bias) v, with the bias gradient",
+        py::call_guard<py::gil_scoped_release>());
   m.def("blocked_forward", &playground_native::blocked_forward,
-        "Blocks of queries, each over its own span of keys with a mask: out and log-sum-exp");
+        "Blocks of queries, each over its own span of keys with a mask: out and log-sum-exp",
+        py::call_guard<py::gil_scoped_release>());
   m.def("blocked_backward", &playground_native::blocked_backward,
-        "Fused backward of blocks of queries, each over its own span of keys with a mask");
+        "Fused backward of blocks of queries, each over its own span of keys with a mask",
+        py::call_guard<py::gil_scoped_release>());
 }
