@@ -237,10 +237,9 @@ class _FlashBand(torch.autograd.Function):
     blocked forward and backward over the blocks' spans (strided views of the key buffer,
     never copied per block), the backward adding each span's key and value gradients in
     place onto the buffer's; elsewhere one flash call per sequence forward and
-    `python_backward`. Then the
-    buffer's gradient goes onto keys and prefix. Only the blocks within the band are ever
-    touched, in backward as in forward; autograd would go through the buffer's copies and
-    views instead, with a zero tensor per step. The buffer is not kept: backward lays it
+    `python_backward`. Then the buffer's gradient goes onto keys and prefix. Only the
+    blocks within the band are ever touched, in backward as in forward; autograd would go
+    through the buffer's copies and views instead, with a zero tensor per step. The buffer is not kept: backward lays it
     out again from the inputs (one copy), which also lets a backward under
     create_graph=True differentiate through it (`_differentiable_gradients`)."""
 
@@ -433,10 +432,11 @@ Block = tuple[int, int, int, int]
 class _FlashBlocks(torch.autograd.Function):
     """`blocked_attention` on CPU: in float32 where `playground.native` is built, its
     blocked forward and backward over every block at once; elsewhere the flash kernel per
-    block, keeping the per-row log-sum-exp, and its own backward per block. Either way each span's key and value gradients are added in place
-    onto the keys' and values', where autograd through per-block slices would give each
-    block a zero tensor the size of all the keys. Under create_graph=True, torch's own
-    operations instead (`_differentiable_gradients`)."""
+    block, keeping the per-row log-sum-exp, and its own backward per block. Either way
+    each span's key and value gradients are added in place onto the keys' and values',
+    where autograd through per-block slices would give each block a zero tensor the size
+    of all the keys. Under create_graph=True, torch's own operations instead
+    (`_differentiable_gradients`)."""
 
     @staticmethod
     def forward(ctx, q, k, v, blocks, masks, scale):
@@ -447,25 +447,23 @@ class _FlashBlocks(torch.autograd.Function):
                 _native_masks(masks, q),
                 scale,
             )
-            ctx.save_for_backward(q, k, v, out, log_sum_exp, *masks)
-            ctx.blocks, ctx.scale = blocks, scale
-            return out
-        batch, heads, n_q = q.shape[:3]
-        out = torch.zeros_like(q, memory_format=torch.contiguous_format)
-        lse_dtype = torch.promote_types(q.dtype, torch.float32)  # the flash kernel's
-        log_sum_exp = q.new_zeros(batch, heads, n_q, dtype=lse_dtype)
-        for (start, stop, key_start, key_stop), mask in zip(blocks, masks, strict=True):
-            if key_stop <= key_start or stop <= start:
-                continue  # no keys: 0
-            out[:, :, start:stop], log_sum_exp[:, :, start:stop] = (
-                torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                    q[:, :, start:stop],
-                    k[:, :, key_start:key_stop],
-                    v[:, :, key_start:key_stop],
-                    attn_mask=mask,
-                    scale=scale,
+        else:
+            batch, heads, n_q = q.shape[:3]
+            out = torch.zeros_like(q, memory_format=torch.contiguous_format)
+            lse_dtype = torch.promote_types(q.dtype, torch.float32)  # the flash kernel's
+            log_sum_exp = q.new_zeros(batch, heads, n_q, dtype=lse_dtype)
+            for (start, stop, key_start, key_stop), mask in zip(blocks, masks, strict=True):
+                if key_stop <= key_start or stop <= start:
+                    continue  # no keys: 0
+                out[:, :, start:stop], log_sum_exp[:, :, start:stop] = (
+                    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                        q[:, :, start:stop],
+                        k[:, :, key_start:key_stop],
+                        v[:, :, key_start:key_stop],
+                        attn_mask=mask,
+                        scale=scale,
+                    )
                 )
-            )
         ctx.save_for_backward(q, k, v, out, log_sum_exp, *masks)
         ctx.blocks, ctx.scale = blocks, scale
         return out
@@ -531,12 +529,15 @@ def _block_mask(mask: torch.Tensor, dtype: torch.dtype, rows: int, span: int) ->
     (1 or B, 1 or H, rows, span) with unit-stride rows (broadcast rows may be stride 0)."""
     if mask.dtype == torch.bool:
         mask = _additive(mask, dtype)
-    mask = mask.to(dtype)
-    mask = mask.broadcast_to(torch.broadcast_shapes(mask.shape, (1, 1, rows, span)))
-    if mask.dim() != 4:
+    try:
+        shape = torch.broadcast_shapes(mask.shape, (1, 1, rows, span))
+    except RuntimeError:
+        shape = ()
+    if len(shape) != 4:
         raise ValueError(
             f"a block's mask must broadcast to (B, H, {rows}, {span}); got {tuple(mask.shape)}"
         )
+    mask = mask.to(dtype).broadcast_to(shape)
     return mask if mask.stride(-1) == 1 or span == 1 else mask.contiguous()
 
 
@@ -596,9 +597,20 @@ def blocked_attention(
 
     How: on CPU, `_FlashBlocks` (native forward and backward in float32, else the flash
     kernel's; a backward that never holds a gradient the size of all keys per block);
-    elsewhere, and under torch.func transforms, SDPA per block under autograd. Time and memory are those of the spans,
-    O(Σ block · span).
+    elsewhere, and under torch.func transforms, SDPA per block under autograd. Time and
+    memory are those of the spans, O(Σ block · span).
     """
+
+    def batch_and_width(t: torch.Tensor) -> tuple[int, int] | None:
+        return (t.shape[0], t.shape[3]) if t.dim() == 4 else None
+
+    if batch_and_width(q) is None or batch_and_width(k) != batch_and_width(q) or k.shape != v.shape:
+        raise ValueError(
+            f"q must be (B, H, Nq, d) and k, v (B, H, Nk, d) alike; got q "
+            f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if k.shape[1] != q.shape[1]:
+        raise ValueError(f"q has {q.shape[1]} heads but k and v {k.shape[1]}: give as many")
     if len(masks) != len(blocks):
         raise ValueError(f"{len(blocks)} blocks but {len(masks)} masks: give one per block")
     if any(mask is not None and mask.requires_grad for mask in masks):

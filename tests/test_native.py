@@ -403,6 +403,20 @@ def test_blocked_attention_refuses_bad_blocks_before_it_runs():
         blocked_attention(q, q, q, [(0, 8, 0, 8)], [], 0.5)
 
 
+def test_blocked_attention_names_bad_shapes():
+    q = torch.randn(1, H, 8, 4)
+    for k, problem in (
+        (torch.randn(1, H, 8, 5), "alike"),  # another head width
+        (torch.randn(2, H, 8, 4), "alike"),  # another batch
+        (torch.randn(H, 8, 4), "alike"),  # no batch dimension
+        (torch.randn(1, H + 1, 8, 4), "heads"),
+    ):
+        with pytest.raises(ValueError, match=problem):
+            blocked_attention(q, k, k, [(0, 8, 0, 8)], [None], 0.5)
+    with pytest.raises(ValueError, match=r"broadcast to \(B, H, 8, 8\)"):
+        blocked_attention(q, q, q, [(0, 8, 0, 8)], [torch.ones(8, 7, dtype=torch.bool)], 0.5)
+
+
 @pytest.mark.parametrize("shape", [(2, 0, 10, 4), (0, H, 10, 4), (2, H, 10, 0)])
 def test_blocked_attention_of_nothing_is_empty(shape):
     """No heads, batch or width: an empty context with a graph (the flash kernel would

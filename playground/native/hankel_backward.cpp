@@ -15,7 +15,6 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <cstring>
 
 namespace playground_native {
 
