@@ -8,6 +8,8 @@ regression gate, the main comparison and its figures.
     nox -s bench                             save a benchmark run to .benchmarks/: a baseline
                                              (commit first: bench_compare re-measures that commit)
     nox -s bench_compare                     fail on a confirmed slow-down or any memory growth
+                                             (both fail, never pass, when nothing was measured;
+                                             PLAYGROUND_BENCH_SEQ_LENS=256 sets their lengths)
     nox -s compare plots                     the main job (`playground compare`), its figures
 
 Environment: every session runs in the environment that runs nox (`venv_backend="none"`),
@@ -29,6 +31,7 @@ nox as `python -m nox` with that environment's python if nox is installed elsewh
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import sys
 from pathlib import Path
@@ -45,7 +48,10 @@ VARIANT_FILES = sorted(
 )
 """One session per plugin file; a scaffolded plugin's registered name is its file stem."""
 
-BENCH_SEQ_LENS = "512,1024,2048"
+BENCH_SEQ_LENS = os.environ.get("PLAYGROUND_BENCH_SEQ_LENS") or "512,1024,2048"
+"""The bench sessions' lengths: $PLAYGROUND_BENCH_SEQ_LENS when set (the same variable the
+suite reads, so one setting serves both), else real sizes. Save the baseline and compare
+with the same lengths: the gates compare only the benchmarks both runs have."""
 BENCH_TESTS = "tests/benchmarks/test_attention_benchmarks.py"
 BENCH_STORAGE = ".benchmarks"
 BENCH_CANDIDATE = "results/benchmarks/bench_compare.json"
@@ -56,6 +62,21 @@ the README has the measurements behind the design)."""
 
 nox.options.sessions = ["tests", "lint"]
 ENVIRONMENT = {"venv_backend": "none"}
+
+
+class _NoUvProbeNotice(logging.Filter):
+    """Drops nox's "uv binary not found." notice. nox looks for uv before it creates any
+    session's environment, whatever its backend (it lists which optional backends exist),
+    and says so at info level when uv is absent: a line on every session, although no
+    session here uses uv (`venv_backend="none"`). No nox option turns the probe off, so
+    the one message is filtered; every other message of nox's, and any real use of uv,
+    is untouched."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "uv binary not found."
+
+
+logging.getLogger("nox").addFilter(_NoUvProbeNotice())
 
 
 def require_installed(session: nox.Session) -> None:
@@ -114,19 +135,41 @@ def _bench_command(*extra: str) -> list[str]:
         "-m",
         "pytest",
         BENCH_TESTS,
+        # pyproject's addopts run pytest-xdist (`-n auto`), and pytest-benchmark disables
+        # itself under xdist: every benchmark would run once, unmeasured, and nothing be
+        # saved. `-n 0` keeps xdist's options valid and runs in this process.
+        "-n",
+        "0",
         "--bench-seq-lens",
         BENCH_SEQ_LENS,
-        "--benchmark-enable",  # in case the project's pytest options disable benchmarks
+        "--benchmark-enable",  # pyproject's addopts disable benchmarks (the smoke run)
         f"--benchmark-storage=file://{ROOT / BENCH_STORAGE}",
         *extra,
     ]
 
 
+def _saved_runs() -> set[Path]:
+    return set((ROOT / BENCH_STORAGE).rglob("*.json"))
+
+
 @nox.session(tags=["bench"], **ENVIRONMENT)
 def bench(session: nox.Session) -> None:
-    """Save a benchmark run at real sizes to .benchmarks/: bench_compare's baseline."""
+    """Save a benchmark run at real sizes to .benchmarks/: bench_compare's baseline.
+
+    Fails unless it saved a run with measured benchmarks: a baseline that measured nothing
+    would leave bench_compare nothing to compare."""
     require_installed(session)
+    before = _saved_runs()
     session.run(*_bench_command("--benchmark-autosave", *session.posargs))
+    saved = sorted(_saved_runs() - before)
+    if not saved:
+        session.error(
+            f"nothing was saved to {BENCH_STORAGE}/: pytest-benchmark measured no benchmark "
+            f"(its warnings above say why: benchmarks disabled, or every one skipped or "
+            f"deselected). Run `nox -s bench` without `-n`, `--benchmark-disable` or a `-k` "
+            f"that selects nothing"
+        )
+    session.run(PYTHON, "-m", "tests.benchmarks.measured", "--role", "baseline", *map(str, saved))
 
 
 @nox.session(tags=["bench"], **ENVIRONMENT)
@@ -173,6 +216,13 @@ def bench_compare(session: nox.Session) -> None:
                     failed.append(name)
             if failed:
                 session.error(f"the {' and '.join(failed)} gate failed (see above)")
+    if not candidate.is_file():  # never a pass without a comparison
+        session.error(
+            f"nothing was compared: pytest-benchmark wrote no candidate run to "
+            f"{BENCH_CANDIDATE} (its warnings above say why: benchmarks disabled, or every "
+            f"one skipped or deselected). Run `nox -s bench_compare` without `-n`, "
+            f"`--benchmark-disable` or a `-k` that selects nothing"
+        )
 
 
 @nox.session(**ENVIRONMENT)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -62,6 +63,47 @@ class SavedRun:
         keys = ("variant", "seq_len", "pass_name")
         return [b for b in self.benchmarks if all(k in b.get("extra_info", {}) for k in keys)]
 
+    def measured_benchmarks(self) -> list[dict[str, Any]]:
+        """The attention benchmarks that hold a measurement: timing statistics with a
+        positive, finite median. A benchmark run while pytest-benchmark was disabled (by
+        pytest-xdist, or `--benchmark-disable`) has none, and a gate must not compare it."""
+        return [b for b in self.attention_benchmarks() if is_measured(b)]
+
+    def require_measured(self, role: str, remedy: str) -> None:
+        """Raise PlaygroundError naming this run, `role` ("baseline", "candidate") and what
+        to run (`remedy`) when it holds no measured benchmark: a gate that compared nothing
+        would pass without having looked."""
+        if self.measured_benchmarks():
+            return
+        if not self.benchmarks:
+            what = "its 'benchmarks' list is empty"
+        elif not self.attention_benchmarks():
+            what = "none of its benchmarks is one of tests/benchmarks"
+        else:
+            what = (
+                f"none of its {len(self.attention_benchmarks())} attention benchmarks has "
+                f"timing statistics"
+            )
+        raise PlaygroundError(
+            f"the {role} {self.path} holds no measured benchmark ({what}): benchmarks are "
+            f"disabled under pytest-xdist (`-n`), by --benchmark-disable, or when every one "
+            f"is skipped; {remedy}"
+        )
+
+
+def is_measured(benchmark: dict[str, Any]) -> bool:
+    """True when a saved benchmark has timing statistics with a positive, finite median."""
+    stats = benchmark.get("stats")
+    if not isinstance(stats, dict):
+        return False
+    median = stats.get("median")
+    return (
+        isinstance(median, int | float)
+        and not isinstance(median, bool)
+        and math.isfinite(median)
+        and median > 0
+    )
+
 
 def read_saved_run(path: Path) -> SavedRun:
     try:
@@ -96,6 +138,28 @@ def load_saved_runs(benchmark_dir: str | os.PathLike[str]) -> list[SavedRun]:
     return sorted(runs, key=lambda run: (run.saved_at, run.path.name))
 
 
+def newest_baseline(benchmark_dir: str | os.PathLike[str]) -> SavedRun:
+    """The newest saved run of tests/benchmarks, which the gates compare against, checked
+    to hold measured benchmarks. A saved run with an empty 'benchmarks' list counts as the
+    newest too (nothing else writes one to this storage), so that it fails here instead of
+    an older run being compared in its place. PlaygroundError, saying what to run, when
+    there is none or it measured nothing."""
+    directory = Path(benchmark_dir)
+    remedy = (
+        "commit the code you trust, then save a baseline with `nox -s bench` (it runs "
+        "without pytest-xdist)"
+    )
+    if not directory.is_dir():
+        raise PlaygroundError(f"no benchmark storage at {directory}, so no baseline: {remedy}")
+    runs = [read_saved_run(path) for path in directory.rglob("*.json")]
+    runs = [run for run in runs if run.attention_benchmarks() or not run.benchmarks]
+    if not runs:
+        raise PlaygroundError(f"no saved benchmark run in {directory}, so no baseline: {remedy}")
+    newest = max(runs, key=lambda run: (run.saved_at, run.path.name))
+    newest.require_measured("baseline", remedy)
+    return newest
+
+
 def _median_ms(
     runs: Sequence[SavedRun],
 ) -> dict[tuple[str, int], dict[str, list[tuple[int, float]]]]:
@@ -104,7 +168,7 @@ def _median_ms(
         lambda: defaultdict(list)
     )
     for index, run in enumerate(runs):
-        for benchmark in run.attention_benchmarks():
+        for benchmark in run.measured_benchmarks():
             info = benchmark["extra_info"]
             label = benchmark.get("params", {}).get("variant", info["variant"])
             median_ms = benchmark["stats"]["median"] * 1e3
@@ -131,7 +195,7 @@ def largest_steps(
     next (0.25 = 25 % slower); benchmarks with the figure in fewer than two runs are left out."""
     values: dict[str, list[float]] = defaultdict(list)
     for run in runs:
-        for benchmark in run.attention_benchmarks():
+        for benchmark in run.measured_benchmarks():
             value = figure(benchmark)
             if value is not None:
                 values[benchmark["name"]].append(value)

@@ -14,7 +14,9 @@ change in the code, never noise. Saved runs are paired only within one storage f
 version, threads and device agree.
 
 Exit status: 0 nothing grew; 1 something grew (each listed); 2 nothing to compare against
-(fewer than two saved runs, or no benchmark in common) or the runs are not comparable.
+(fewer than two saved runs, a baseline or candidate with no measured benchmark, or no
+benchmark in common: the gate never passes without having compared something) or the runs
+are not comparable.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from playground.bench_history import SavedRun, load_saved_runs, read_saved_run
+from playground.bench_history import SavedRun, load_saved_runs, newest_baseline, read_saved_run
 from playground.errors import PlaygroundError
 
 COMPARABLE = ("system", "machine", "torch_version", "torch_threads", "device", "device_name")
@@ -50,7 +52,7 @@ def peak_memory(run: SavedRun) -> dict[str, int]:
     """Benchmark name -> saved peak memory in bytes, for every benchmark that has one."""
     return {
         benchmark["name"]: int(benchmark["extra_info"]["peak_memory_bytes"])
-        for benchmark in run.attention_benchmarks()
+        for benchmark in run.measured_benchmarks()
         if "peak_memory_bytes" in benchmark["extra_info"]
     }
 
@@ -98,13 +100,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     arguments = parser.parse_args(argv)
     try:
-        saved = load_saved_runs(arguments.benchmark_dir)
         if arguments.candidate:
-            if not saved:
-                raise PlaygroundError("no saved benchmark runs: run `nox -s bench` first")
-            previous, latest = saved[-1], read_saved_run(Path(arguments.candidate))
+            previous = newest_baseline(arguments.benchmark_dir)
+            latest = read_saved_run(Path(arguments.candidate))
+            latest.require_measured(
+                "candidate run",
+                "measure the working tree with `nox -s bench_compare`, which runs the "
+                "benchmarks without pytest-xdist",
+            )
         else:
-            previous, latest = baseline_and_latest(saved)
+            previous, latest = baseline_and_latest(load_saved_runs(arguments.benchmark_dir))
+            for role, run in (("baseline", previous), ("newest saved run", latest)):
+                run.require_measured(role, "save a run with `nox -s bench`")
     except PlaygroundError as error:
         print(f"memory gate: {error}", file=sys.stderr)
         return 2

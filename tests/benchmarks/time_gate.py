@@ -20,8 +20,9 @@ line: `SLOWER   test_attention[longformer-n1024-forward]: +48% (median of 15 blo
 The candidate run (the suite's run of the working tree) names the benchmarks, and gives
 the memory gate its figures; its times are not compared with the saved ones.
 
-Exit status: 0 no slow-down; 1 a slow-down (each listed); 2 nothing to compare against, or
-the runs are not comparable (machine, torch, threads or device differ), or the baseline's
+Exit status: 0 no slow-down; 1 a slow-down (each listed); 2 nothing to compare against (no
+saved baseline, or a baseline or candidate with no measured benchmark: the gate never
+passes without having timed something), or the runs are not comparable (machine, torch, threads or device differ), or the baseline's
 code cannot be timed again (saved from uncommitted code, or from a commit older than the
 paired rounds): each says what to do.
 """
@@ -41,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from playground.bench_history import SavedRun, load_saved_runs, read_saved_run
+from playground.bench_history import SavedRun, newest_baseline, read_saved_run
 from playground.errors import PlaygroundError
 from tests.benchmarks.memory_gate import incomparable
 from tests.benchmarks.paired import PairedMeasurer, PairedRounds
@@ -54,6 +55,11 @@ interval of its blocks' median holds the threshold: a burst of load on a few rou
 push a median across the threshold either way, and more blocks pull it back to what the
 code does. Judged, in the end, on the median of all its blocks."""
 CONFIDENCE_Z = 1.96
+
+CANDIDATE_REMEDY = (
+    "measure the working tree with `nox -s bench_compare`, which runs the benchmarks "
+    "without pytest-xdist"
+)
 
 Measure = Callable[[dict[str, Any]], "PairedRounds | str"]
 """Times one saved benchmark in paired rounds on both codes, or says why it cannot."""
@@ -89,8 +95,8 @@ def _threads(run: SavedRun) -> Any:
 
 def shared_benchmarks(baseline: SavedRun, candidate: SavedRun) -> list[dict[str, Any]]:
     """The candidate's entries of the benchmarks both runs have, by name."""
-    before = {entry["name"] for entry in baseline.attention_benchmarks()}
-    after = {entry["name"]: entry for entry in candidate.attention_benchmarks()}
+    before = {entry["name"] for entry in baseline.measured_benchmarks()}
+    after = {entry["name"]: entry for entry in candidate.measured_benchmarks()}
     return [after[name] for name in sorted(before & after.keys())]
 
 
@@ -217,10 +223,9 @@ def main(argv: Sequence[str] | None = None, measure: Measure | None = None) -> i
     arguments = parser.parse_args(argv)
     threshold = arguments.threshold_percent / 100
     try:
-        saved = load_saved_runs(arguments.benchmark_dir)
-        if not saved:
-            raise PlaygroundError("no saved benchmark runs: run `nox -s bench` first")
-        baseline, candidate = saved[-1], read_saved_run(Path(arguments.candidate))
+        baseline = newest_baseline(arguments.benchmark_dir)
+        candidate = read_saved_run(Path(arguments.candidate))
+        candidate.require_measured("candidate run", CANDIDATE_REMEDY)
         reason = refusal(baseline, candidate)
         if reason:
             raise PlaygroundError(reason)
