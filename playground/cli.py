@@ -25,8 +25,8 @@ from rich.table import Table
 
 from playground import registry as registry_module
 from playground.config import describe_options
-from playground.contract import flops_exponent
-from playground.errors import PlaygroundError
+from playground.contract import checked_kv_cache_per_token, flops_exponent
+from playground.errors import HookError, PlaygroundError
 from playground.plots import FORMATS, plot_run
 from playground.registry import Registry, bundled_dir
 from playground.report import write_report
@@ -59,6 +59,29 @@ def _print_load_errors(registry: Registry, to: Console = error_console) -> None:
         to.print(f"[red]plugin error[/red] {_short(error.source)}: {error.message}", soft_wrap=True)
 
 
+def warn_failed_plugins(registry: Registry, warned: set[str] | None = None) -> None:
+    """One stderr line per plugin that failed to load, naming its file and error: a
+    command that resolves variants must never leave one out without a word (the
+    `playground plugins` command is the detailed view). Sources in `warned` were already
+    named (a resume reloads the registry) and are added to it."""
+    warned = set() if warned is None else warned
+    for info in registry.failed_plugins():
+        if info.source in warned:
+            continue
+        warned.add(info.source)
+        messages = "; ".join(error.message for error in info.errors)
+        error_console.print(
+            f"[yellow]warning:[/yellow] plugin {escape(_short(info.source))} failed to load: "
+            f"{escape(messages)} (its variants are left out; `playground plugins` lists them)",
+            soft_wrap=True,
+        )
+
+
+QUIET_COMMANDS = ("plugins", "repair")
+"""Commands that do not warn about failed plugins up front: `plugins` lists them itself,
+`repair` resolves no variant."""
+
+
 def command_list(registry: Registry, arguments: argparse.Namespace) -> int:
     table = Table(title="Attention variants")
     for column in ("name", "source", "complexity", "capabilities", "summary"):
@@ -74,7 +97,6 @@ def command_list(registry: Registry, arguments: argparse.Namespace) -> int:
         )
     console.print(table)
     console.print("complexity: growth of the variant's own flops() with n, at n = 65536.")
-    _print_load_errors(registry)
     return 0
 
 
@@ -92,11 +114,18 @@ def command_info(registry: Registry, arguments: argparse.Namespace) -> int:
     flops = cls.flops(4096, 4096, 512, 8, **dataclasses.asdict(cls.Config()))
     console.print(f"flops at n=4096, d_model=512, 8 heads: {flops / 1e9:.1f} GFLOP per sequence")
     try:
-        cached = registry.build(cls.name, 512, 8).kv_cache_per_token()
-        kept = "a fixed-size state" if cached is None else f"{cached} numbers per token and layer"
+        module = registry.build(cls.name, 512, 8)
     except Exception as error:  # a variant that cannot be built so must not hide the rest
         kept = f"not known (building it at d_model=512, 8 heads failed: {error})"
-    console.print(f"decoder cache at d_model=512, 8 heads: {kept}")
+    else:
+        try:
+            cached = checked_kv_cache_per_token(module)
+            kept = (
+                "a fixed-size state" if cached is None else f"{cached} numbers per token and layer"
+            )
+        except HookError as error:  # a junk count is reported, never printed as a fact
+            kept = f"not known ({error})"
+    console.print(f"decoder cache at d_model=512, 8 heads: {escape(kept)}", soft_wrap=True)
     table = Table(title=f"options of {cls.name} (playground.build({cls.name!r}, **options))")
     for column in ("option", "type", "default", "meaning"):
         table.add_column(column)
@@ -155,10 +184,9 @@ def command_check(registry: Registry, arguments: argparse.Namespace) -> int:
         f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped "
         f"({len(classes)} variant{'s' if len(classes) != 1 else ''}; passed checks are listed with -v)"
     )
-    # Under --all a plugin that failed to load is a variant that was not checked.
+    # Under --all a plugin that failed to load (warned about above) is a variant that was
+    # not checked.
     load_errors = registry.errors if arguments.all else []
-    if load_errors:
-        _print_load_errors(registry)
     return 1 if counts["failed"] or load_errors else 0
 
 
@@ -275,6 +303,7 @@ def command_run(registry: Registry, arguments: argparse.Namespace) -> int:
         if recorded:  # the plugin directories the run started with, then any given now
             given = getattr(arguments, "plugins_dir", None) or []
             registry = registry_module.configure([*recorded, *given])
+            warn_failed_plugins(registry, getattr(arguments, "warned_plugins", None))
         # where the cells run is not a measurement setting: a resume may choose anew
         lane = {
             "accuracy_workers": arguments.accuracy_workers,
@@ -383,8 +412,12 @@ def command_new(registry: Registry, arguments: argparse.Namespace) -> int:
         f"{scaffold.name!r}. Next:",
         markup=False,
     )
-    for command, purpose in scaffold.next_steps():
-        console.print(f"  {command:<44} {purpose}", markup=False)
+    steps = scaffold.next_steps()
+    # Each line stays a runnable shell command: the purpose follows as a comment, after
+    # at least two spaces however long the command (a long --dir path) is.
+    width = max(len(command) for command, _ in steps)
+    for command, purpose in steps:
+        console.print(f"  {command:<{width}}  # {purpose}", markup=False, soft_wrap=True)
     return 0
 
 
@@ -533,6 +566,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = build_parser().parse_args(argv)
     try:
         registry = registry_module.configure(getattr(arguments, "plugins_dir", None) or ())
+        arguments.warned_plugins = set()
+        if arguments.command not in QUIET_COMMANDS:
+            warn_failed_plugins(registry, arguments.warned_plugins)
         return arguments.handler(registry, arguments)
     except PlaygroundError as error:
         error_console.print(f"[red]error:[/red] {escape(str(error))}", soft_wrap=True)

@@ -10,7 +10,11 @@ path chosen by the `impl` option. Variants therefore never re-check their inputs
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
+import numbers
+import sys
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
@@ -18,7 +22,7 @@ import torch
 from torch import nn
 
 from playground.config import VariantConfig, build_config
-from playground.errors import ConfigError, InvalidInput, UnsupportedFeature
+from playground.errors import ConfigError, HookError, InvalidInput, UnsupportedFeature
 
 
 class AttentionOutput(NamedTuple):
@@ -422,3 +426,184 @@ def flops_exponent(
     small = variant.flops(n, n, d_model, num_heads, **options)
     large = variant.flops(2 * n, 2 * n, d_model, num_heads, **options)
     return math.log2(large / small)
+
+
+# --- calling a variant's hooks: a raise or a junk value names the plugin and the hook -----
+MAX_SPECIAL_SIZES = 256
+"""At most this many sizes are read from `special_sizes()`: the suite tests lengths on both
+sides of each, so more would never finish, and an endless iterator must not hang it."""
+
+
+def hook_source(variant: type[AttentionVariant] | AttentionVariant) -> str:
+    """The file that defines a variant's class (its plugin), or its module's name."""
+    cls = variant if isinstance(variant, type) else type(variant)
+    module = sys.modules.get(cls.__module__)
+    return str(getattr(module, "__file__", None) or cls.__module__)
+
+
+def _hook_error(
+    variant: type[AttentionVariant] | AttentionVariant, hook: str, problem: str
+) -> HookError:
+    cls = variant if isinstance(variant, type) else type(variant)
+    name = getattr(cls, "name", cls.__name__)
+    return HookError(name, hook_source(cls), hook, problem)
+
+
+def call_hook(
+    variant: type[AttentionVariant] | AttentionVariant, hook: str, *arguments: Any
+) -> Any:
+    """`variant.hook(*arguments)`, with an exception turned into a HookError naming the
+    variant, its file and the hook (a raw traceback from deep inside a figure or a
+    model builder names none of them)."""
+    try:
+        return getattr(variant, hook)(*arguments)
+    except HookError:
+        raise
+    except Exception as error:
+        raise _hook_error(
+            variant, f"{hook}()", f"raised {type(error).__name__}: {error}"
+        ) from error
+
+
+def checked_special_sizes(module: AttentionVariant) -> tuple[int, ...]:
+    """`module.special_sizes()`, refused unless it is a finite collection of positive
+    integers: a float such as 32.0 would otherwise be dropped and never tested, and an
+    endless iterator would hang the suite (at most MAX_SPECIAL_SIZES items are read)."""
+    value = call_hook(module, "special_sizes")
+    expected = "it must return a tuple of positive integers (sequence lengths), like (32, 4)"
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise _hook_error(module, "special_sizes()", f"returned {value!r}; {expected}")
+    try:
+        items = list(itertools.islice(iter(value), MAX_SPECIAL_SIZES + 1))
+    except Exception as error:
+        raise _hook_error(
+            module, "special_sizes()", f"raised {type(error).__name__}: {error} while iterated"
+        ) from error
+    if len(items) > MAX_SPECIAL_SIZES:
+        raise _hook_error(
+            module,
+            "special_sizes()",
+            f"returned more than {MAX_SPECIAL_SIZES} sizes (an endless iterator?); {expected}",
+        )
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, numbers.Integral) or item < 1:
+            hint = f" (write {int(item)})" if isinstance(item, float) and item.is_integer() else ""
+            raise _hook_error(
+                module,
+                "special_sizes()",
+                f"returned {item!r} ({type(item).__name__}) among its sizes{hint}; {expected}",
+            )
+    return tuple(int(item) for item in items)
+
+
+def checked_options_hook(
+    variant: type[AttentionVariant], hook: str, options: dict[str, Any], seq_len: int
+) -> dict[str, Any]:
+    """`variant.fit_options(options, seq_len)` (or `picture_options`), refused unless it
+    returns a mapping of option names."""
+    value = call_hook(variant, hook, dict(options), seq_len)
+    if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
+        raise _hook_error(
+            variant,
+            f"{hook}()",
+            f"returned {value!r}; it must return the options as a dict (option name -> value), "
+            f"the given ones included (`return dict(options)` changes nothing)",
+        )
+    return dict(value)
+
+
+def checked_share_with_first_layer(
+    layer: AttentionVariant, first: AttentionVariant
+) -> tuple[str, ...]:
+    """`layer.share_with_first_layer(first)`, refused unless it returns names of the
+    layer's own attributes (a string alone would be recorded as its characters)."""
+    value = call_hook(layer, "share_with_first_layer", first)
+    expected = (
+        "it must return a tuple of the names of what is now shared (attributes of the layer), "
+        "like ('bias_table',), or () for nothing"
+    )
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise _hook_error(layer, "share_with_first_layer()", f"returned {value!r}; {expected}")
+    names = tuple(value)
+    known = {name for name, _ in layer.named_parameters()}
+    known |= {name for name, _ in layer.named_buffers()}
+    known |= {name for name, _ in layer.named_modules()}
+    for name in names:
+        if not isinstance(name, str) or not (name in known or hasattr(layer, name)):
+            raise _hook_error(
+                layer,
+                "share_with_first_layer()",
+                f"returned {name!r}, which is not an attribute of the layer; {expected}",
+            )
+    return names
+
+
+def checked_kv_cache_per_token(module: AttentionVariant) -> int | None:
+    """`module.kv_cache_per_token()`, refused unless None or a whole number >= 0."""
+    value = call_hook(module, "kv_cache_per_token")
+    if value is None:
+        return None
+    whole = (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and float(value).is_integer()
+        and value >= 0
+    )
+    if not whole:
+        raise _hook_error(
+            module,
+            "kv_cache_per_token()",
+            f"returned {value!r}; it must return the count of numbers kept per token and "
+            f"layer (an integer >= 0), or None for a state that does not grow",
+        )
+    return int(value)
+
+
+def checked_logit_bias(module: AttentionVariant, n_q: int, n_k: int) -> torch.Tensor | None:
+    """`module.logit_bias(n_q, n_k)`, refused unless None or a (1, H, n_q, n_k) tensor."""
+    value = call_hook(module, "logit_bias", n_q, n_k)
+    expected = (1, module.num_heads, n_q, n_k)
+    if value is not None and (
+        not isinstance(value, torch.Tensor) or tuple(value.shape) != expected
+    ):
+        got = tuple(value.shape) if isinstance(value, torch.Tensor) else repr(value)
+        raise _hook_error(
+            module,
+            "logit_bias()",
+            f"returned {got} for n_q={n_q}, n_k={n_k}; it must return a tensor of shape "
+            f"(1, num_heads, n_q, n_k) = {expected}, or None",
+        )
+    return value
+
+
+def checked_pattern_weights(
+    module: AttentionVariant, query: torch.Tensor
+) -> tuple[torch.Tensor, str] | None:
+    """`module.pattern_weights(query)`, refused unless None or ((B, H, Nq, M), label)."""
+    value = call_hook(module, "pattern_weights", query)
+    if value is None:
+        return None
+    batch, n_q = query.shape[:2]
+    good = (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and isinstance(value[0], torch.Tensor)
+        and value[0].dim() == 4
+        and tuple(value[0].shape[:3]) == (batch, module.num_heads, n_q)
+        and isinstance(value[1], str)
+    )
+    if not good:
+        shape = (
+            tuple(value[0].shape)
+            if isinstance(value, tuple) and value and isinstance(value[0], torch.Tensor)
+            else None
+        )
+        raise _hook_error(
+            module,
+            "pattern_weights()",
+            f"returned {type(value).__name__}{f' with weights {shape}' if shape else ''}; it must "
+            f"return None or (weights of shape (B, H, Nq, M) = ({batch}, {module.num_heads}, "
+            f"{n_q}, M), a label of the M columns)",
+        )
+    return value

@@ -7,9 +7,11 @@ from the built-in exception a Python user would expect (`ValueError` for bad val
     PlaygroundError
     ├── UnsupportedFeature   a variant was asked for something it does not declare
     ├── UnknownVariant       no variant has this name (the message suggests close ones)
+    │   └── VariantFailedToLoad  ... because the plugin file that defines it failed to load
     ├── ConfigError          an option is unknown, has the wrong type or an invalid value
     ├── InvalidInput         a tensor has the wrong rank, width, length, shape or dtype
     ├── InvalidOutput        a measured call returned what the contract forbids
+    ├── HookError            a variant's hook raised or returned what its contract forbids
     └── PluginLoadError      a plugin failed to import or registered something invalid
         └── DuplicateVariant two sources registered the same name
 """
@@ -52,6 +54,35 @@ class UnknownVariant(PlaygroundError, LookupError):
 
     def __str__(self) -> str:  # LookupError would quote the message like a key
         return str(self.args[0])
+
+
+class VariantFailedToLoad(UnknownVariant):
+    """The requested name is not registered because a plugin that appears to define it
+    failed to load: the message names that file and its error rather than guessing
+    at close names."""
+
+    def __init__(self, name: str, known: Iterable[str], failures: list[tuple[str, str]]) -> None:
+        super().__init__(name, known)
+        self.failures = failures
+        why = "; ".join(f"{source} failed to load: {error}" for source, error in failures)
+        self.args = (
+            f"no attention variant named {name!r} is registered because its plugin did not "
+            f"load: {why}. Fix that file (`playground plugins` lists every plugin and its "
+            f"errors).",
+        )
+
+
+class HookError(PlaygroundError, ValueError):
+    """A variant's extension hook (special_sizes, fit_options, kv_cache_per_token, ...)
+    raised or returned a value its documented contract forbids. The message names the
+    variant, the file it comes from and the hook, so the author knows what to fix."""
+
+    def __init__(self, variant: str, source: str, hook: str, problem: str) -> None:
+        self.variant = variant
+        self.source = source
+        self.hook = hook
+        where = f" ({source})" if source else ""
+        super().__init__(f"variant {variant!r}{where}: its {hook} hook {problem}")
 
 
 class ConfigError(PlaygroundError, ValueError):

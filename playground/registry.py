@@ -18,6 +18,7 @@ import math
 import numbers
 import os
 import pkgutil
+import re
 import sys
 import tempfile
 import traceback
@@ -32,7 +33,13 @@ import pluggy
 from playground import hookspecs
 from playground.config import VariantConfig
 from playground.contract import AttentionVariant, Capabilities
-from playground.errors import ConfigError, DuplicateVariant, PluginLoadError, UnknownVariant
+from playground.errors import (
+    ConfigError,
+    DuplicateVariant,
+    PluginLoadError,
+    UnknownVariant,
+    VariantFailedToLoad,
+)
 
 ENTRY_POINT_GROUP = "playground"
 PLUGINS_PATH_ENV = "PLAYGROUND_PLUGINS_PATH"
@@ -80,8 +87,8 @@ def _describe_error(error: BaseException) -> str:
     """One line for an import error: the exception and the plugin's line that raised."""
     frames = [f for f in traceback.extract_tb(error.__traceback__) if "importlib" not in f.filename]
     where = f" (line {frames[-1].lineno})" if frames else ""
-    if isinstance(error, SyntaxError):
-        where = f" (line {error.lineno})"
+    if isinstance(error, SyntaxError):  # its str() already names the file and line
+        return f"{type(error).__name__}: {error.msg} (line {error.lineno})"
     return f"{type(error).__name__}: {error}{where}"
 
 
@@ -103,16 +110,71 @@ def _why_not_a_variant(obj: Any) -> str | None:
         and issubclass(obj.Config, VariantConfig)
     ):
         return f"{obj.__name__}.Config must be a dataclass deriving from VariantConfig"
+    problem = _why_config_not_inherited(obj)
+    if problem is not None:
+        return problem
     if not isinstance(obj.capabilities, Capabilities):
         return (
             f"{obj.__name__}.capabilities must be a playground.Capabilities; got "
             f"{type(obj.capabilities).__name__}"
         )
+    problem = _why_display_hooks_fail(obj)
+    if problem is not None:
+        return problem
     if obj.forward_reference is AttentionVariant.forward_reference:
         return f"{obj.__name__} must define forward_reference (the paper's math)"
     if obj.flops is AttentionVariant.flops:
         return f"{obj.__name__} must define flops(n_q, n_k, d_model, num_heads, **options)"
     return _why_flops_fail(obj)
+
+
+def _why_config_not_inherited(obj: type[AttentionVariant]) -> str | None:
+    """A subclass of a variant base that has options of its own (a base whose code reads
+    them, such as a block size) must keep them: its Config derives from the base's."""
+    for base in obj.__mro__[1:]:
+        if not (isinstance(base, type) and issubclass(base, AttentionVariant)):
+            continue
+        if "Config" not in vars(base) and base is not AttentionVariant:
+            continue
+        if issubclass(obj.Config, base.Config):
+            return None
+        own = obj.Config.__name__
+        config = f"{base.__module__}.{base.Config.__name__}"
+        return (
+            f"{obj.__name__}.Config ({own}) must derive from {base.__name__}'s config, {config}, "
+            f"because {base.__name__} reads its own options from it: write "
+            f"`@dataclass(frozen=True) class {own}({base.__name__}.Config): ...` and add your "
+            f"fields there"
+        )
+    return None
+
+
+_HEX_COLOUR = re.compile(r"#[0-9a-fA-F]{6}(?:[0-9a-fA-F]{2})?")
+
+
+def _why_display_hooks_fail(obj: type[AttentionVariant]) -> str | None:
+    """`colour` and `display_name` are read by every figure and table: a value that
+    cannot be drawn must be refused here, naming the variant, not fail later in a
+    figure with a raw matplotlib error."""
+    colour = obj.colour
+    # A hex colour needs no matplotlib import (registry discovery stays light).
+    if colour is not None and not (isinstance(colour, str) and _HEX_COLOUR.fullmatch(colour)):
+        from matplotlib.colors import is_color_like
+
+        if not isinstance(colour, str) or not is_color_like(colour):
+            return (
+                f"{obj.__name__}.colour must be a matplotlib colour such as '#1f77b4' or "
+                f"'tab:blue', or None for one derived from the name; got {colour!r}"
+            )
+    label = obj.display_name
+    if label is not None and (
+        not isinstance(label, str) or not label.strip() or len(label.splitlines()) != 1
+    ):
+        return (
+            f"{obj.__name__}.display_name must be a non-empty single-line string (the name "
+            f"in legends and tables), or None for its registry name; got {label!r}"
+        )
+    return None
 
 
 def _why_flops_fail(obj: type[AttentionVariant]) -> str | None:
@@ -337,8 +399,26 @@ class Registry:
             self.duplicates[obj.name] = duplicate
             info.errors.append(duplicate)
             return
+        clash = self._label_clash(obj)
+        if clash is not None:
+            info.errors.append(PluginLoadError(info.source, clash))
+            return
         self.variants[obj.name] = VariantEntry(obj, info.source)
         info.variants.append(obj.name)
+
+    def _label_clash(self, obj: type[AttentionVariant]) -> str | None:
+        """Two series of one figure must never carry the same label: a variant's label
+        (display_name, else its name) may not be another registered variant's label."""
+        label = obj.display_name or obj.name
+        for name, entry in self.variants.items():
+            other = entry.cls.display_name or name
+            if label in (other, name):
+                return (
+                    f"{obj.__name__} ({obj.name!r}) would be labelled {label!r} in figures and "
+                    f"tables, which variant {name!r} ({entry.source}) already is; choose "
+                    f"another display_name"
+                )
+        return None
 
     def _add_task(self, obj: Any, info: PluginInfo) -> None:
         if not (isinstance(obj, type) and isinstance(getattr(obj, "name", None), str) and obj.name):
@@ -394,8 +474,34 @@ class Registry:
         if name in self.duplicates:
             raise self.duplicates[name]
         if name not in self.variants:
+            failures = self.failures_defining(name)
+            if failures:
+                raise VariantFailedToLoad(name, self.variants, failures)
             raise UnknownVariant(name, self.variants)
         return self.variants[name].cls
+
+    def failed_plugins(self) -> list[PluginInfo]:
+        """The plugins with a load error, in load order (one warning line each)."""
+        return [info for info in self.plugins if info.errors]
+
+    def failures_defining(self, name: str) -> list[tuple[str, str]]:
+        """(source, error) of each failed plugin that appears to define variant `name`:
+        its file is NAME.py, or its text spells the name as a string literal. A request
+        for that name then reports the file's error, not a guess at close names."""
+        found = []
+        for info in self.failed_plugins():
+            if name in info.variants:
+                continue
+            path = Path(info.source)
+            text = ""
+            if path.is_file():
+                try:
+                    text = path.read_text(encoding="utf-8", errors="replace")
+                except OSError:
+                    text = ""
+            if path.stem == name or f'"{name}"' in text or f"'{name}'" in text:
+                found.append((info.source, "; ".join(error.message for error in info.errors)))
+        return found
 
     def task_names(self) -> list[str]:
         return sorted(self.tasks)

@@ -86,12 +86,33 @@ def validate_name(name: str, registry: Registry) -> None:
         )
 
 
-def render_template(name: str, kind: str = "reference") -> tuple[str, str]:
-    """(source, class name) of the template of `kind`, named `name`."""
+def next_steps_text(name: str, in_bundled_plugins: bool) -> str:
+    """The docstring's closing paragraph: the commands that apply where the file lies. A
+    file outside the checkout's plugins/ is loaded with --plugins-dir, and has no nox
+    session (the `variant` session only knows plugins/)."""
+    if in_bundled_plugins:
+        return (
+            f"Then: `playground check {name}`, `nox -s \"variant(name='{name}')\"`, "
+            f"`playground compare`."
+        )
+    return (
+        f"Then, with DIR the folder holding this file:\n`playground --plugins-dir DIR check "
+        f"{name}`, `playground --plugins-dir DIR compare`."
+    )
+
+
+def render_template(
+    name: str, kind: str = "reference", in_bundled_plugins: bool = True
+) -> tuple[str, str]:
+    """(source, class name) of the template of `kind`, named `name`, its next steps those
+    of a file in the checkout's plugins/ or elsewhere."""
     stem = class_stem(name)
     class_name = f"{stem}Attention"
     text = string.Template(TEMPLATES[kind].read_text(encoding="utf-8")).substitute(
-        name=name, class_name=class_name, config_name=f"{stem}Config"
+        name=name,
+        class_name=class_name,
+        config_name=f"{stem}Config",
+        next_steps=next_steps_text(name, in_bundled_plugins),
     )
     return text, class_name
 
@@ -121,6 +142,13 @@ def render_copy(name: str, original: str, registry: Registry) -> tuple[str, str]
             f"cannot rename variant {original!r}: its file {source_file} does not set "
             f'`name = "{original}"` on a line of its own; copy it by hand'
         )
+    # A copied display_name would label two series alike, which the registry refuses.
+    text = re.sub(
+        r"""^(\s+display_name\s*=\s*)(["']).*?\2""",
+        rf"\g<1>\g<2>{name}\g<2>",
+        text,
+        flags=re.MULTILINE,
+    )
     header = f"# Scaffolded by `playground new {name} --from {original}`: {source_file}, renamed.\n"
     return header + text, renames[cls.__name__]
 
@@ -166,8 +194,9 @@ def create_variant(
         raise PlaygroundError(f"{path} already exists; not overwriting it (choose another name)")
     if kind not in TEMPLATES:
         raise PlaygroundError(f"--kind must be one of {', '.join(TEMPLATES)}; got {kind!r}")
+    in_bundled = directory.resolve() == plugins.resolve()
     if copy_from is None:
-        text, class_name = render_template(name, kind)
+        text, class_name = render_template(name, kind, in_bundled)
     else:
         text, class_name = render_copy(name, copy_from, registry)
     try:
@@ -180,5 +209,4 @@ def create_variant(
             f"write to (it is created if missing)"
         ) from None
     _check_written(path, name)
-    in_bundled = directory.resolve() == plugins.resolve()
     return Scaffold(name, path, class_name, in_bundled)

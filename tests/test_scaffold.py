@@ -48,7 +48,8 @@ def test_template_variant_passes_the_contract_suite(bundled_registry, tmp_path):
 def test_mod_template_is_short_and_passes_the_contract_suite(bundled_registry, tmp_path):
     created = create_variant("mymod", bundled_registry, tmp_path, kind="mod")
     text = created.path.read_text()
-    assert len(text.splitlines()) <= 25, len(text.splitlines())  # docstring included
+    # Docstring and the commented example of an option of one's own included.
+    assert len(text.splitlines()) <= 36, len(text.splitlines())
     assert "def score_mod(self, score, b, h, q_idx, kv_idx)" in text
     assert "def mask_mod(self, b, h, q_idx, kv_idx)" in text
     registry = _registry_with(tmp_path)
@@ -76,9 +77,47 @@ def test_template_has_the_classic_math_and_says_what_to_edit(bundled_registry, t
         "self.out_proj(",
         "What to edit",
         "@playground.hookimpl",
-        "nox -s \"variant(name='my_attn')\"",
+        "playground --plugins-dir DIR check my_attn",
     ):
         assert expected in text, expected
+
+
+@pytest.mark.parametrize("kind", ["reference", "mod"])
+def test_docstring_next_steps_fit_where_the_file_lies(kind):
+    """A --dir plugin has no nox session (the `variant` session only knows plugins/): its
+    docstring must not recommend one, and must say how to load it."""
+    outside, _ = scaffold.render_template("my_attn", kind, in_bundled_plugins=False)
+    docstring = outside.split('"""')[1]
+    assert "nox" not in docstring
+    assert "playground --plugins-dir DIR check my_attn" in docstring
+    inside, _ = scaffold.render_template("my_attn", kind, in_bundled_plugins=True)
+    assert "nox -s \"variant(name='my_attn')\"" in inside.split('"""')[1]
+
+
+def test_cli_next_steps_never_run_into_their_purpose(capsys, tmp_path):
+    """ "... check softcap run the contract suite on it": a long --dir path ate the gap."""
+    deep = tmp_path / "a-rather-long-directory-name" / "and-another-one"
+    assert main(["new", "softcap", "--dir", str(deep)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "--plugins-dir" in line]
+    assert len(lines) == 2
+    for line in lines:
+        command, purpose = line.split("  # ")
+        assert command.split()[-1] in ("softcap", "compare") and purpose.strip()
+
+
+def test_mod_template_shows_how_to_add_an_option(bundled_registry, tmp_path):
+    """Uncommenting the template's config example gives a variant with that option."""
+    created = create_variant("penalised", bundled_registry, tmp_path, kind="mod")
+    text = created.path.read_text()
+    assert "(playground.SoftmaxAttention.Config)" in text
+    lines = text.splitlines()
+    start = lines.index("# import dataclasses")
+    end = lines.index("", start)  # the example ends at the first blank line
+    lines[start:end] = [re.sub(r"^# ?", "", line) for line in lines[start:end]]
+    uncommented = "\n".join(lines).replace("    # Config = ", "    Config = ")
+    created.path.write_text(uncommented)
+    registry = _registry_with(tmp_path)
+    assert registry.build("penalised", 32, 4, penalty=0.5).config.penalty == 0.5
 
 
 def test_copy_from_vanilla_is_renamed_and_passes_the_suite(bundled_registry, tmp_path):

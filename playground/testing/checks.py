@@ -61,7 +61,7 @@ def check_output_shape_and_dtype(subject: Subject) -> None:
         if result.weights is not None:
             raise CheckFailed("weights returned although need_weights=False")
         if not torch.isfinite(result.output).all():
-            raise CheckFailed(f"output has NaN or inf on ordinary inputs at n={n}")
+            raise CheckFailed(_non_finite_output(subject, result.output, n))
         if subject.caps.need_weights:
             with torch.no_grad():
                 weights = module(x, need_weights=True).weights
@@ -71,6 +71,22 @@ def check_output_shape_and_dtype(subject: Subject) -> None:
                 raise CheckFailed(
                     f"need_weights=True gave weights of shape {got} at n={n}; expected {expected}"
                 )
+
+
+def _non_finite_output(subject: Subject, output: torch.Tensor, n: int) -> str:
+    """What a non-finite output on random inputs says, and its likely cause when whole
+    query rows are NaN: every score of the row is -inf, so the softmax divides 0 by 0."""
+    message = f"output has NaN or inf on ordinary (random, finite) inputs at n={n}"
+    whole_rows = (~torch.isfinite(output)).all(dim=-1).nonzero().tolist()  # [[b, q], ...]
+    if whole_rows and callable(getattr(subject.cls, "score_mod", None)):
+        b, q = whole_rows[0]
+        message += (
+            f" ({len(whole_rows)} whole query row(s), the first at batch {b}, query {q}). "
+            f"A score_mod that sets every score of a row to -inf leaves the softmax 0/0: "
+            f"exclude keys with mask_mod instead (a query that may attend to no key "
+            f"outputs zeros, as FlexAttention gives), or keep at least one score finite"
+        )
+    return message
 
 
 def check_empty_inputs(subject: Subject) -> None:
@@ -323,9 +339,40 @@ def check_fast_matches_reference(subject: Subject) -> None:
             _compare_paths(subject, fast, reference, arguments, {}, f"cross Nq={n_q}, Nk={n_k}")
 
 
+DECLARATIONS = {
+    "additive_score_mod": "score + f(b, h, q_idx, kv_idx)",
+    "relative_score_mod": "score + g(h, kv_idx - q_idx)",
+}
+"""Promises a class may make about its score_mod that its fast path relies on; when fast
+and reference disagree, a false one is the likely cause."""
+
+
+def _declared_cause(subject: Subject) -> str:
+    """The sentence a fast-versus-reference failure ends with when the class declares a
+    promise the fast path relies on."""
+    declared = [name for name in DECLARATIONS if getattr(subject.cls, name, False) is True]
+    if not declared:
+        return ""
+    promises = " and ".join(
+        f"{name} = True (score_mod is {DECLARATIONS[name]})" for name in declared
+    )
+    return (
+        f"; the class declares {promises} and the fast path relies on it, so a score_mod "
+        f"that is not of that form is the likely cause: remove the declaration, or make "
+        f"score_mod keep that form"
+    )
+
+
 def _compare_paths(
     subject, fast, reference, arguments, case, label, gradient_tolerance=GRADIENT_TOLERANCE
 ) -> None:
+    cause = _declared_cause(subject)
+
+    def differ(what: str, difference: float, context: str) -> CheckFailed:
+        return CheckFailed(
+            f"fast and reference {what} differ by {difference:.3g} ({context}){cause}"
+        )
+
     for need_weights in {False, subject.caps.need_weights}:
         inputs = [[a.clone().requires_grad_(True) for a in arguments] for _ in range(2)]
         results = [
@@ -335,35 +382,38 @@ def _compare_paths(
         context = f"{label}, need_weights={need_weights}"
         difference = max_difference(results[0].output, results[1].output)
         if not difference <= TOLERANCE:
-            raise CheckFailed(f"fast and reference outputs differ by {difference:.3g} ({context})")
+            raise differ("outputs", difference, context)
         if need_weights:
             difference = max_difference(results[0].weights, results[1].weights)
             if not difference <= TOLERANCE:
-                raise CheckFailed(
-                    f"fast and reference weights differ by {difference:.3g} ({context})"
-                )
+                raise differ("weights", difference, context)
         upstream = torch.randn(results[0].output.shape, generator=torch.Generator().manual_seed(6))
         for module, result in zip((fast, reference), results, strict=True):
             module.zero_grad(set_to_none=True)
             (result.output * upstream).sum().backward()
-        for fast_input, reference_input in zip(*inputs, strict=True):
+        labels = ("query", "key", "value")
+        for index, (fast_input, reference_input) in enumerate(zip(*inputs, strict=True)):
+            # An input the output does not depend on (a variant that ignores key and
+            # value, say) has no gradient on either path: that agrees, and other checks
+            # judge whether it should.
+            if (fast_input.grad is None) != (reference_input.grad is None):
+                raise CheckFailed(
+                    f"only one path gives the {labels[index]} input a gradient ({context}){cause}"
+                )
+            if fast_input.grad is None:
+                continue
             difference = max_difference(fast_input.grad, reference_input.grad)
             if not difference <= tolerance_for(reference_input.grad, gradient_tolerance):
-                raise CheckFailed(
-                    f"fast and reference input gradients differ by {difference:.3g} ({context})"
-                )
+                raise differ("input gradients", difference, context)
         references = dict(reference.named_parameters())
         for name, parameter in fast.named_parameters():
             other = references[name].grad
             if (parameter.grad is None) != (other is None):
-                raise CheckFailed(f"only one path gives {name!r} a gradient ({context})")
+                raise CheckFailed(f"only one path gives {name!r} a gradient ({context}){cause}")
             if parameter.grad is not None:
                 difference = max_difference(parameter.grad, other)
                 if not difference <= tolerance_for(other, gradient_tolerance):
-                    raise CheckFailed(
-                        f"fast and reference gradients of {name!r} differ by "
-                        f"{difference:.3g} ({context})"
-                    )
+                    raise differ(f"gradients of {name!r}", difference, context)
 
 
 # --- dtypes ------------------------------------------------------------------------

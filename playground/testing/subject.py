@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import torch
 
-from playground.contract import AttentionVariant, Capabilities
+from playground.contract import AttentionVariant, Capabilities, checked_special_sizes
 
 LONG_LENGTH = 130
 """A length past 128 (and so past every power-of-two block up to it) that every variant
@@ -57,7 +57,9 @@ class Subject:
         probe = self.build()
         self.caps: Capabilities = probe.capabilities
         limit = self.caps.max_seq_len
-        sizes = {int(s) for s in probe.special_sizes() if isinstance(s, int) and 0 < s < MAX_LENGTH}
+        # A junk, endless or raising special_sizes() is a HookError naming the hook, never
+        # a size silently left out (or a hang).
+        sizes = {s for s in checked_special_sizes(probe) if s < MAX_LENGTH}
         # Just past every special size; the size itself too where that is cheap.
         candidates = {*BASE_LENGTHS, LONG_LENGTH, *(s + 1 for s in sizes)}
         candidates |= {s for s in sizes if s <= max(BASE_LENGTHS)}
