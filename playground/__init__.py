@@ -10,7 +10,7 @@ Public API (everything else is private and may change):
     SoftmaxAttention, SoftmaxConfig   softmax attention changed by score_mod / mask_mod
     require_positive, require_range   option validators for a config's __post_init__
     errors: PlaygroundError, UnsupportedFeature, UnknownVariant, ConfigError,
-            InvalidInput, PluginLoadError, DuplicateVariant
+            InvalidInput, PluginLoadError, DuplicateVariant, VariantFailedToLoad, HookError
 """
 
 from __future__ import annotations
@@ -22,11 +22,13 @@ from playground.contract import AttentionOutput, AttentionVariant, Capabilities
 from playground.errors import (
     ConfigError,
     DuplicateVariant,
+    HookError,
     InvalidInput,
     PlaygroundError,
     PluginLoadError,
     UnknownVariant,
     UnsupportedFeature,
+    VariantFailedToLoad,
 )
 from playground.hookspecs import hookimpl
 from playground.registry import default_registry
@@ -56,6 +58,7 @@ __all__ = [
     "Capabilities",
     "ConfigError",
     "DuplicateVariant",
+    "HookError",
     "InvalidInput",
     "PlaygroundError",
     "PluginLoadError",
@@ -63,6 +66,7 @@ __all__ = [
     "SoftmaxConfig",
     "UnknownVariant",
     "UnsupportedFeature",
+    "VariantFailedToLoad",
     "VariantConfig",
     "__version__",
     "build",
