@@ -6,15 +6,20 @@
 For each (variant, n): median time of the pass, efficiency (useful FLOP/s from the
 variant's own `flops()`, projections included, ×3 for forward+backward, ÷ the FLOP/s of a
 large matmul measured at start), and peak memory above the inputs; then the fitted
-log-log exponents of time and memory over n. The pass is the one `playground run` times
+log-log exponents of time and memory over n, with their standard error from three or more
+lengths (from two, a two-point slope). The pass is the one `playground run` times
 (runner.Workload): forward under `torch.no_grad()`, or forward+backward in train mode.
 Batch 1 and fp32, on `--threads N` torch threads (default: torch.get_num_threads()), the
-GEMM included.
+GEMM included. Each time is the median of at least three timed runs (measure.time_call);
+the IQR is "-" where there is no spread, and a `flags` column names what makes a number
+doubtful (measure.cost_flags: large spread, efficiency above 1, a non-finite flops(), a
+busy machine).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import tomllib
 from dataclasses import dataclass
 
@@ -25,8 +30,12 @@ from rich.table import Table
 
 from playground.errors import PlaygroundError, UnsupportedFeature
 from playground.measure import (
-    fit_exponent,
+    FLAG_MEANINGS,
+    cost_flags,
+    cpu_count,
+    fit_scaling,
     gemm_flops_per_second,
+    load_average,
     peak_memory_bytes,
     resolve_threads,
     time_call,
@@ -42,10 +51,14 @@ class PassCost:
     variant: str
     seq_len: int
     time_s: float
-    time_iqr_s: float
+    time_iqr_s: float | None
+    """None without a spread (fewer than measure.MIN_SPREAD_RUNS timed runs)."""
     flops: float
     peak_memory_bytes: int
     threads: int
+    timed_runs: int = 0
+    load_average: float | None = None
+    """The 1-minute load average when the cell started."""
 
 
 def pass_cost(
@@ -62,6 +75,7 @@ def pass_cost(
     """Time and profile one variant's pass at one length, as `playground run` does."""
     module = default_registry().build(variant, d_model, num_heads, **(options or {}))
     workload = Workload(module, torch.randn(batch, seq_len, d_model), pass_name)
+    load = load_average()
     timing = time_call(workload, min_run_time, threads)
     memory = peak_memory_bytes(workload)
     flops = batch * module.count_flops(seq_len, seq_len)
@@ -75,6 +89,8 @@ def pass_cost(
         flops,
         memory,
         timing.threads,
+        timing.runs,
+        load,
     )
 
 
@@ -149,34 +165,62 @@ def _main(argv: list[str] | None) -> None:
         f"{threads} threads; pass: {arguments.pass_name}"
     )
     table = Table(
-        "variant", "n", "time ms", "IQR ms", "GFLOP/s", "efficiency", "peak MiB", "status"
+        "variant",
+        "n",
+        "time ms",
+        "IQR ms",
+        "GFLOP/s",
+        "efficiency",
+        "peak MiB",
+        "flags",
+        "status",
     )
     exponents = Table("variant", "time exponent", "memory exponent")
+    cores = cpu_count()
+    shown: set[str] = set()
     for variant, entries in results.items():
         costs = [entry for entry in entries if isinstance(entry, PassCost)]
         for entry in entries:
             if not isinstance(entry, PassCost):
                 n, reason = entry
-                table.add_row(variant, str(n), "-", "-", "-", "-", "-", escape(reason))
+                table.add_row(variant, str(n), "-", "-", "-", "-", "-", "-", escape(reason))
                 continue
+            finite = math.isfinite(entry.flops)
+            efficiency = entry.flops / entry.time_s / gemm if finite else None
+            flags = cost_flags(
+                time_s=entry.time_s,
+                iqr_s=entry.time_iqr_s,
+                runs=entry.timed_runs,
+                efficiency=efficiency,
+                flops=entry.flops,
+                load=entry.load_average,
+                cores=cores,
+            )
+            shown.update(flags)
+            iqr = entry.time_iqr_s
             table.add_row(
                 variant,
                 str(entry.seq_len),
                 f"{entry.time_s * 1e3:.1f}",
-                f"{entry.time_iqr_s * 1e3:.1f}",
-                f"{entry.flops / entry.time_s / 1e9:.1f}",
-                f"{entry.flops / entry.time_s / gemm:.2f}",
+                "-" if iqr is None else f"{iqr * 1e3:.1f}",
+                f"{entry.flops / entry.time_s / 1e9:.1f}" if finite else "-",
+                "-" if efficiency is None else f"{efficiency:.2f}",
                 f"{entry.peak_memory_bytes / 2**20:.0f}",
+                escape("; ".join(flags)) or "-",
                 "ok",
             )
-        if len(costs) > 1:
+        if len({cost.seq_len for cost in costs}) > 1:
             sizes = [cost.seq_len for cost in costs]
             exponents.add_row(
                 variant,
-                f"{fit_exponent(sizes, [cost.time_s for cost in costs]):.2f}",
-                f"{fit_exponent(sizes, [cost.peak_memory_bytes for cost in costs]):.2f}",
+                fit_scaling(sizes, [cost.time_s for cost in costs]).text(),
+                fit_scaling(sizes, [cost.peak_memory_bytes for cost in costs]).text()
+                if all(cost.peak_memory_bytes > 0 for cost in costs)
+                else "-",
             )
     console.print(table)
+    for flag in (flag for flag in FLAG_MEANINGS if flag in shown):
+        console.print(f"{flag}: {FLAG_MEANINGS[flag]}", soft_wrap=True)
     console.print(exponents)
 
 

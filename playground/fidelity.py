@@ -18,6 +18,14 @@ inputs, self-attention without masks, in eval mode:
   inputs make attention no more local than random ones.)
 
 Reported: relative Frobenius error ‖y − y*‖/‖y*‖, cosine similarity, max abs error.
+
+The reference sees the same mask as the variant's call: exact attention with
+`is_causal=True` for a causal call, bidirectional otherwise. A variant that is causal by
+itself (its own mask_mod, say) although the call is not is recognised by what it does:
+when changing the later half of the tokens leaves the outputs of the first half exactly
+as they were, it sees no later tokens, and it is compared with causal exact attention.
+Otherwise its relative error would mostly measure the mask, not the approximation. Every
+row says which reference it used (`fidelity_reference`).
 """
 
 from __future__ import annotations
@@ -89,16 +97,42 @@ def tie_keys_to_queries(reference: AttentionVariant) -> None:
     reference.k_proj.load_state_dict(reference.q_proj.state_dict())
 
 
+CAUSAL_REFERENCE = "exact attention, causal"
+BIDIRECTIONAL_REFERENCE = "exact attention, bidirectional"
+
+
+def acts_causally(variant: AttentionVariant, tokens: torch.Tensor) -> bool:
+    """Whether the variant's outputs at the first half of the positions ignore the later
+    half of the tokens (changed to fresh noise): then it is causal by itself. Exact
+    equality: any leak, however small, means it sees later tokens."""
+    n = tokens.shape[1]
+    if n < 2:
+        return False
+    half = n // 2
+    changed = tokens.clone()
+    generator = torch.Generator().manual_seed(0)
+    noise = torch.randn(changed[:, half:].shape, generator=generator)
+    changed[:, half:] = noise.to(tokens.device, tokens.dtype)
+    before = variant(tokens).output[:, :half]
+    after = variant(changed).output[:, :half]
+    return bool(torch.equal(before, after))
+
+
 def mean_attention_distance(
-    reference: AttentionVariant, tokens: torch.Tensor, rows: int = 256
+    reference: AttentionVariant, tokens: torch.Tensor, rows: int = 256, is_causal: bool = False
 ) -> float:
-    """Mean |i − j| under exact attention's weights, over `rows` evenly spaced queries."""
+    """Mean |i − j| under exact attention's weights (causal ones when `is_causal`), over
+    `rows` evenly spaced queries."""
     n = tokens.shape[1]
     positions = torch.linspace(0, n - 1, min(rows, n), device=tokens.device).long()
     heads = reference.num_heads
     q = reference.q_proj(tokens[:, positions]).unflatten(-1, (heads, -1)).transpose(1, 2)
     k = reference.k_proj(tokens).unflatten(-1, (heads, -1)).transpose(1, 2)
-    weights = (q @ k.transpose(-2, -1) / math.sqrt(reference.head_dim)).softmax(dim=-1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(reference.head_dim)
+    if is_causal:
+        later = torch.arange(n, device=tokens.device)[None, :] > positions[:, None]
+        scores = scores.masked_fill(later, float("-inf"))
+    weights = scores.softmax(dim=-1)
     distance = (torch.arange(n, device=tokens.device)[None, :] - positions[:, None]).abs()
     return (weights * distance).sum(dim=-1).mean().item()  # (B, H, rows) averaged
 
@@ -111,23 +145,35 @@ def measure_fidelity(
     seed: int,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
+    is_causal: bool = False,
 ) -> dict[str, Any]:
     """Fidelity fields for a row: fidelity_{rel_error,cosine,max_abs_error} on random
-    inputs, fidelity_local_* on local ones (see the module docstring)."""
+    inputs, fidelity_local_* on local ones (see the module docstring), and
+    `fidelity_reference`: which exact attention they are against. `is_causal` is the
+    call's own; a variant causal by itself gets the causal reference too."""
     torch.manual_seed(seed)
     reference = ExactAttention(variant.d_model, variant.num_heads).to(device, dtype).eval()
     variant.eval()
     generator = torch.Generator().manual_seed(seed)
     shape = (batch_size, seq_len, variant.d_model)
     fields: dict[str, Any] = {}
+    causal = is_causal
     for prefix in ("fidelity", "fidelity_local"):
         if prefix == "fidelity":
             tokens = torch.randn(shape, generator=generator).to(device, dtype)
         else:
             tie_keys_to_queries(reference)
             tokens = (LOCAL_SCALE * local_tokens(shape, generator)).to(device, dtype)
-            fields[f"{prefix}_attention_distance"] = mean_attention_distance(reference, tokens)
         copy_reference_weights(reference, variant)
-        for name, value in compare(variant(tokens).output, reference(tokens).output).items():
+        if prefix == "fidelity":
+            causal = is_causal or acts_causally(variant, tokens)
+            fields["fidelity_reference"] = CAUSAL_REFERENCE if causal else BIDIRECTIONAL_REFERENCE
+        else:
+            fields[f"{prefix}_attention_distance"] = mean_attention_distance(
+                reference, tokens, is_causal=causal
+            )
+        output = variant(tokens, is_causal=is_causal).output
+        exact = reference(tokens, is_causal=causal).output
+        for name, value in compare(output, exact).items():
             fields[f"{prefix}_{name}"] = value
     return fields

@@ -2,10 +2,23 @@
 log-log scaling exponent of a series. Every number the playground reports comes from
 here; none is typed in.
 
-- Time: `torch.utils.benchmark.Timer.blocked_autorange` (it synchronises CUDA), after a
-  warm-up call; median and interquartile range. The Timer runs on one thread unless told
+- Time: `torch.utils.benchmark.Timer` (it synchronises CUDA), after a timed warm-up
+  call; median and interquartile range of at least `MIN_TIMED_RUNS` timed runs, so that
+  every timing has a spread. A fast call is timed by `blocked_autorange` for
+  `min_run_time` seconds (topped up to `MIN_TIMED_RUNS` blocks when it made fewer); a call
+  whose warm-up took a `MIN_TIMED_RUNS`-th of `min_run_time` or more is timed
+  `MIN_TIMED_RUNS` times, one call each. blocked_autorange spent two calls on such a
+  call (one to size its blocks, one timed), or more when three did not fill
+  `min_run_time`, so a slow cell costs at most one call more than it did, and a run's
+  total time stays about the same. With fewer than `MIN_SPREAD_RUNS` runs (only when a
+  caller asks for fewer) no IQR is reported (None), never an IQR of 0 from one sample. The Timer runs on one thread unless told
   otherwise, so every timing here names its thread count (default: the process's own,
   `torch.get_num_threads()`) and records it in `Timing.threads`.
+- Quality flags (`cost_flags`): short fixed phrases a row and the summary carry when a
+  number should not be read as exact: too few runs, a large spread, an efficiency above
+  1, a non-finite `flops()`, a busy machine (`load_average`).
+- Scaling exponents (`fit_scaling`): the log-log slope with its standard error, from three
+  or more lengths; from two it is a two-point slope with no error.
 - Peak memory on CPU: the allocator's `[memory]` events recorded by the torch profiler
   (`profile_memory=True`), summed in time order; the peak of the running sum is the most
   bytes held at once above what existed before the call. Deterministic, unlike RSS.
@@ -21,8 +34,10 @@ import contextlib
 import math
 import os
 import re
+import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO
@@ -30,14 +45,42 @@ from typing import IO
 import torch
 from torch.utils import benchmark
 
+MIN_TIMED_RUNS = 3
+"""Timed runs per cell at the least: enough for a median and a quartile spread."""
+MIN_SPREAD_RUNS = 3
+"""Below this many timed runs there is no spread to report: the IQR is None."""
+LARGE_SPREAD = 0.2
+"""A timing whose IQR exceeds this fraction of its median is flagged: on a shared
+machine the runs disagreed enough that the median may be off by as much."""
+
 
 @dataclass(frozen=True)
 class Timing:
     median_s: float
-    iqr_s: float
+    iqr_s: float | None
+    """Interquartile range of the timed runs; None with fewer than MIN_SPREAD_RUNS runs."""
     runs: int
     threads: int
     """The torch intra-op thread count every timed call ran with."""
+
+    @property
+    def relative_iqr(self) -> float | None:
+        """IQR over median; None without a spread."""
+        if self.iqr_s is None or self.median_s <= 0:
+            return None
+        return self.iqr_s / self.median_s
+
+
+def spread(times: Sequence[float]) -> tuple[float, float | None]:
+    """(median, IQR) of per-call times; the IQR is None below MIN_SPREAD_RUNS samples.
+    Quartiles are interpolated as numpy's default (and torch.utils.benchmark) does."""
+    if not times:
+        raise ValueError("no timed runs")
+    median = statistics.median(times)
+    if len(times) < MIN_SPREAD_RUNS:
+        return median, None
+    first, _, third = statistics.quantiles(times, n=4, method="inclusive")
+    return median, third - first
 
 
 def resolve_threads(threads: int | None) -> int:
@@ -63,15 +106,35 @@ def using_threads(threads: int | None) -> Iterator[int]:
 
 
 def time_call(
-    fn: Callable[[], object], min_run_time: float = 0.5, threads: int | None = None
+    fn: Callable[[], object],
+    min_run_time: float = 0.5,
+    threads: int | None = None,
+    min_runs: int = MIN_TIMED_RUNS,
 ) -> Timing:
-    """Median and IQR of `fn()` in seconds, after one warm-up call, every call on
-    `threads` torch threads (default: torch.get_num_threads())."""
+    """Median and IQR of `fn()` in seconds over at least `min_runs` timed runs, after one
+    warm-up call, every call on `threads` torch threads (default: torch.get_num_threads()).
+
+    A call slow enough that `min_runs` of them fill `min_run_time` is timed `min_runs`
+    times, one call per run (blocked_autorange would time it once, after an untimed call
+    that only sizes its blocks); a faster one by blocked_autorange, topped up with blocks
+    of the same size when it made fewer than `min_runs`."""
+    if isinstance(min_runs, bool) or not isinstance(min_runs, int) or min_runs < 1:
+        raise ValueError(f"min_runs must be a positive integer; got {min_runs!r}")
     with using_threads(threads) as count:
+        started = time.perf_counter()
         fn()
+        warm_up = time.perf_counter() - started
         timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=count)
-        measurement = timer.blocked_autorange(min_run_time=min_run_time)
-    return Timing(measurement.median, measurement.iqr, len(measurement.times), count)
+        times: list[float] = []
+        number = 1
+        if warm_up * min_runs < min_run_time:
+            measurement = timer.blocked_autorange(min_run_time=min_run_time)
+            times = list(measurement.times)
+            number = measurement.number_per_run
+        while len(times) < min_runs:
+            times += timer.timeit(number).times
+    median, iqr = spread(times)
+    return Timing(median, iqr, len(times), count)
 
 
 PROFILER_CHATTER = re.compile(
@@ -167,6 +230,124 @@ def gemm_flops_per_second(
         timer = benchmark.Timer(stmt="a @ b", globals={"a": a, "b": b}, num_threads=count)
         measurement = timer.blocked_autorange(min_run_time=min_run_time)
     return 2 * size**3 / min(measurement.times)
+
+
+@dataclass(frozen=True)
+class ScalingFit:
+    """A log-log slope and how sure it is."""
+
+    exponent: float
+    stderr: float | None
+    """Standard error of the slope; None from two lengths (a line through two points has
+    no residual to estimate it from)."""
+    lengths: int
+    """How many different lengths it was fitted from."""
+
+    @property
+    def uncertain(self) -> bool:
+        """True when the slope should not be read as a fact: two points only, a standard
+        error above UNCERTAIN_EXPONENT, or a negative slope (neither time nor memory shrinks
+        as sequences grow: a negative fit is noise or fixed overhead)."""
+        return self.stderr is None or self.stderr > UNCERTAIN_EXPONENT or self.exponent < 0
+
+    def text(self) -> str:
+        """`1.98 ± 0.02`; `1.9 (2-point slope)`; `-0.63 ± 0.80 (uncertain)`."""
+        if self.stderr is None:
+            return f"{self.exponent:.2f} (2-point slope)"
+        tail = " (uncertain)" if self.uncertain else ""
+        return f"{self.exponent:.2f} ± {self.stderr:.2f}{tail}"
+
+
+UNCERTAIN_EXPONENT = 0.25
+"""A fitted exponent with a standard error above this is marked uncertain: it cannot tell
+linear from quadratic-ish growth at two standard errors."""
+
+
+def fit_scaling(sizes: Sequence[float], values: Sequence[float]) -> ScalingFit:
+    """The log-log slope of `values` over `sizes` with its standard error (ordinary least
+    squares: sqrt(residual variance / Σ(x − x̄)²), with n − 2 degrees of freedom)."""
+    slope = fit_exponent(sizes, values)
+    xs = [math.log(s) for s in sizes]
+    ys = [math.log(v) for v in values]
+    lengths = len(set(sizes))
+    if len(xs) < 3 or lengths < 3:
+        return ScalingFit(slope, None, lengths)
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread_x = sum((x - mean_x) ** 2 for x in xs)
+    residual = sum((y - mean_y - slope * (x - mean_x)) ** 2 for x, y in zip(xs, ys, strict=True))
+    return ScalingFit(slope, math.sqrt(residual / (len(xs) - 2) / spread_x), lengths)
+
+
+def load_average() -> float | None:
+    """The machine's 1-minute load average (runnable processes); None where the platform
+    has none."""
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+
+
+def cpu_count() -> int:
+    """Cores this process may run on (its affinity where the platform says)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+FLAG_FEW_RUNS = "too few runs"
+FLAG_LARGE_SPREAD = "large spread"
+FLAG_EFFICIENCY_ABOVE_1 = "efficiency > 1"
+FLAG_FLOPS_NOT_FINITE = "flops() not finite"
+FLAG_BUSY = "busy machine"
+FLAG_PASS_ORDER = "forward slower than fwd+bwd"
+FLAG_MEANINGS = {
+    FLAG_FEW_RUNS: f"fewer than {MIN_SPREAD_RUNS} timed runs, so no spread (IQR shown as -)",
+    FLAG_LARGE_SPREAD: f"the IQR is above {LARGE_SPREAD:.0%} of the median time",
+    FLAG_EFFICIENCY_ABOVE_1: "faster than the measured matmul ceiling: the ceiling or the "
+    "time was measured in an odd moment, or flops() overcounts",
+    FLAG_FLOPS_NOT_FINITE: "the variant's flops() overflowed (inf) or is NaN: no efficiency",
+    FLAG_BUSY: "the 1-minute load average was above the core count: other work competed",
+    FLAG_PASS_ORDER: "the forward alone took longer than forward+backward at the same n: "
+    "at least one of the two times is off (measure again on a quiet machine)",
+}
+"""Every flag a cost row may carry, with what it means. Short fixed phrases, so that rows
+and tables compare them and a table column stays narrow; the meanings are printed as a
+legend under the tables that show a flag."""
+FLAGS = tuple(FLAG_MEANINGS)
+
+
+def cost_flags(
+    *,
+    time_s: float | None = None,
+    iqr_s: float | None = None,
+    runs: int | None = None,
+    efficiency: float | None = None,
+    flops: float | None = None,
+    load: float | None = None,
+    cores: int | None = None,
+) -> list[str]:
+    """The flags of one timed cell, from what was measured (a None is not judged).
+
+    - too few runs: fewer than MIN_SPREAD_RUNS timed runs, so no spread;
+    - large spread: IQR above LARGE_SPREAD of the median;
+    - efficiency above 1: faster than the matmul ceiling, so the ceiling was measured in a
+      slow moment, the time in a fast one, or `flops()` overcounts;
+    - flops() not finite: the variant's count overflowed (or is NaN), no efficiency;
+    - busy: the 1-minute load average exceeds the cores, so other work competed for them
+      (the run itself accounts for at most its own thread count)."""
+    flags = []
+    if runs is not None and runs < MIN_SPREAD_RUNS:
+        flags.append(FLAG_FEW_RUNS)
+    if iqr_s is not None and time_s and iqr_s / time_s > LARGE_SPREAD:
+        flags.append(FLAG_LARGE_SPREAD)
+    if flops is not None and not math.isfinite(flops):
+        flags.append(FLAG_FLOPS_NOT_FINITE)
+    elif efficiency is not None and efficiency > 1:
+        flags.append(FLAG_EFFICIENCY_ABOVE_1)
+    if load is not None and cores and load > cores:
+        flags.append(FLAG_BUSY)
+    return flags
 
 
 def fit_exponent(sizes: Sequence[float], values: Sequence[float]) -> float:

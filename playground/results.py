@@ -10,9 +10,14 @@
         summary.csv     derived from results.jsonl (playground.summary): costs
         accuracy.csv    derived too: accuracy per variant and task (when measured)
         results.rejected.jsonl   lines `playground repair` moved out of results.jsonl
+        run.lock        held (fcntl.flock) by the one process measuring the run; it holds
+                        that process's id, so a second `--resume` names who has it
 
 Two runs never share a directory: it is created with `exist_ok=False`, and a clash
-(two runs in the same second) takes the next free suffix.
+(two runs in the same second) takes the next free suffix. Two processes never measure one
+directory at once: `RunStore.lock()` takes an exclusive, non-blocking flock on run.lock
+(released by the kernel when the process ends, however it ends), and a second process
+gets RunLocked naming the file and the holder's process id.
 
 A damaged file (a line that is not a row, undecodable bytes, a cut env.json, a folder
 where a file belongs) is a DamagedRun error naming the file, the line and the way out;
@@ -22,6 +27,7 @@ read aside, byte for byte, so that a resume measures those cells again.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -38,7 +44,13 @@ from playground import linear_layers, native
 from playground.cpu import cpuinfo_field
 from playground.errors import PlaygroundError
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: runs are not locked there
+    fcntl = None  # type: ignore[assignment]
+
 ROWS = "results.jsonl"
+LOCK = "run.lock"
 ENV = "env.json"
 SPEC = "spec.toml"
 SUMMARY = "summary.csv"
@@ -58,6 +70,50 @@ STATUSES = ("ok", "unsupported", "oom", "error", "invalid")
 
 class DamagedRun(PlaygroundError, ValueError):
     """A file of a run directory cannot be read; the message names it and the way out."""
+
+
+class RunLocked(PlaygroundError):
+    """Another process is measuring this run directory."""
+
+
+class RunLock:
+    """An exclusive flock on a run's run.lock, holding this process's id; `release()`
+    (or the end of the process) frees it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.file = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (held until release)
+        if fcntl is None:
+            return
+        try:
+            fcntl.flock(self.file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.file.seek(0)
+            holder = self.file.read().strip() or "unknown"
+            self.file.close()
+            raise RunLocked(
+                f"{path} is locked by process {holder}, which is measuring this run now; a "
+                f"second run on it would measure the same cells twice. Wait for it to "
+                f"finish (or stop it), then `playground run --resume {path.parent}`"
+            ) from None
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.write(f"{os.getpid()}\n")
+        self.file.flush()
+
+    def release(self) -> None:
+        if self.file.closed:
+            return
+        if fcntl is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self.file.fileno(), fcntl.LOCK_UN)
+        self.file.close()
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 class UnwritablePlace(PlaygroundError, OSError):
@@ -202,6 +258,16 @@ class RunStore:
 
     def path(self, name: str) -> Path:
         return self.directory / name
+
+    def lock(self) -> RunLock:
+        """Hold the run for this process (see the module docstring); RunLocked naming the
+        other process when it is held already."""
+        try:
+            return RunLock(self.path(LOCK))
+        except RunLocked:
+            raise
+        except OSError as error:
+            raise unwritable(self.path(LOCK), error, "check the run directory") from None
 
     def _repair_hint(self) -> str:
         return f"run `playground repair {self.directory}` to set it aside"

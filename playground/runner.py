@@ -8,14 +8,25 @@ whose result the contract forbids (not an AttentionOutput, an output not of shap
 reason and without timings: only `ok` rows are measurements. Every call runs on the run's
 thread count (env.json `threads`, also in every row). Ctrl-C stops after writing nothing
 partial: finished rows stay, and `--resume RUN_DIR` runs only the cells that have no row
-yet.
+yet. One process at a time measures a run directory: the runner holds its lock
+(`RunStore.lock`) from `start()` to the end of `run()`, so two resumes never measure the
+same cells twice.
+
+How sure a timing is travels with it: every timed row holds its timed runs, its IQR (None
+without a spread), the 1-minute load average and core count when it started, and `flags`
+(measure.cost_flags: few runs, large spread, efficiency above 1, a non-finite flops(), a
+busy machine). The GEMM ceiling is measured at the start of a run and again at its end;
+env.json keeps both (`gemm_measurements`) and the faster as `gemm_flops_per_s`
+(`gemm_best_of` says which), and the summary states efficiency against that best.
 """
 
 from __future__ import annotations
 
 import gc
+import math
 import platform
 import time
+import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -30,14 +41,18 @@ from playground.errors import InvalidOutput, PlaygroundError, failure_fields
 from playground.executors import SeedLane, SeedOutcome, SeedPool, SeedTask, usable_cpus
 from playground.fidelity import measure_fidelity
 from playground.measure import (
+    FLAG_FLOPS_NOT_FINITE,
+    cost_flags,
+    cpu_count,
     gemm_flops_per_second,
+    load_average,
     peak_memory_bytes,
     resolve_threads,
     time_call,
     using_threads,
 )
 from playground.registry import Registry
-from playground.results import ENV, OVERRIDES, SPEC, RunStore, environment
+from playground.results import ENV, OVERRIDES, SPEC, RunLock, RunStore, environment
 from playground.spec import Spec, TaskRun, VariantPoint
 
 BACKWARD_FLOPS_FACTOR = 3
@@ -46,6 +61,11 @@ forward product: gradients of the inputs and of the weights)."""
 
 
 COST_MEASURES = ("speed", "memory", "fidelity")
+
+GEMM_AGAIN_AFTER_S = 30.0
+"""A run whose cells took at least this long measures the GEMM ceiling again at its end:
+the machine's load may have changed since the start. A shorter run is one moment, and a
+second GEMM would only lengthen it."""
 
 
 @dataclass(frozen=True)
@@ -329,17 +349,48 @@ class Measurer:
         flops = spec.batch_size * module.count_flops(cell.seq_len, cell.seq_len)
         if cell.pass_name == "forward_backward":
             flops *= BACKWARD_FLOPS_FACTOR
-        fields["flops"] = flops
+        finite = math.isfinite(flops)
+        # JSON has no inf: a count that overflowed is left out of the row and flagged, so
+        # that nothing downstream divides by it or draws it.
+        fields["flops"] = flops if finite else None
+        if not finite:
+            fields["flags"] = [FLAG_FLOPS_NOT_FINITE]
+            fields["flops_note"] = (
+                f"{cell.variant.name}.flops({cell.seq_len}, {cell.seq_len}) gave {flops!r} "
+                f"(an overflow?), so this cell has no GFLOP/s and no efficiency; the times "
+                f"stand. Count in Python ints or floats that stay finite at this length"
+            )
         if "speed" in spec.measures:
+            load = load_average()
+            cores = cpu_count()
             timing = time_call(run_pass, spec.min_run_time, self.threads)
             run_pass.check()  # the last timed call
+            efficiency = (
+                flops / timing.median_s / self.gemm_flops if finite and self.gemm_flops else None
+            )
             fields.update(
                 time_ms=timing.median_s * 1e3,
-                time_iqr_ms=timing.iqr_s * 1e3,
+                time_iqr_ms=None if timing.iqr_s is None else timing.iqr_s * 1e3,
                 timed_runs=timing.runs,
-                gflops_per_s=flops / timing.median_s / 1e9,
-                efficiency=flops / timing.median_s / self.gemm_flops,
+                gflops_per_s=flops / timing.median_s / 1e9 if finite else None,
+                efficiency=efficiency,
+                load_average=load,
+                cores=cores,
+                flags=cost_flags(
+                    time_s=timing.median_s,
+                    iqr_s=timing.iqr_s,
+                    runs=timing.runs,
+                    efficiency=efficiency,
+                    flops=flops,
+                    load=load,
+                    cores=cores,
+                ),
             )
+        for key in ("flops", "gflops_per_s", "efficiency"):
+            # Left out rather than None: readers of older rows (the figures) treat a
+            # missing number as not measured, and a None would reach their arithmetic.
+            if key in fields and fields[key] is None:
+                del fields[key]
         if "memory" in spec.measures:
             run_pass.latest = None  # freed now, not inside the profile
             fields["peak_memory_bytes"] = peak_memory_bytes(run_pass, spec.device)
@@ -356,6 +407,7 @@ class Measurer:
                         spec.seed,
                         spec.device,
                         spec.torch_dtype,
+                        is_causal=False,  # the timed call's own: cost cells are not causal
                     )
                 )
             except (ValueError, PlaygroundError) as error:
@@ -421,12 +473,40 @@ class Runner:
         """The torch threads every cell runs on; a resume keeps its run's count."""
         self.measurer = Measurer(spec, registry, self.threads, None)
         self.progress: Progress | None = None
+        self.lock: RunLock | None = None
+        """Held from start() to the end of run(): no other process measures this run."""
+
+    def close(self) -> None:
+        """Release the run directory's lock (run() does at its end)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    def warn_baseline_not_run(self) -> None:
+        """Say so when the spec's baseline is not among the variant points run (--variants
+        left it out): the summary then has no speed-ups, and silence would hide why."""
+        try:
+            named = tomllib.loads(self.spec.text).get("baseline")
+        except (tomllib.TOMLDecodeError, TypeError, AttributeError):
+            return
+        labels = {variant.label for variant in self.spec.variants}
+        if isinstance(named, str) and named not in labels:
+            self.console.print(
+                f"[yellow]warning[/yellow]: the spec's baseline {named!r} is not among the "
+                f"variants run ({', '.join(sorted(labels))}), so there are no speed-ups; add "
+                f"it to --variants to have them",
+                soft_wrap=True,
+            )
 
     def start(self, overrides: dict[str, Any] | None = None) -> None:
-        """Record the spec, the command-line overrides and the environment, then measure
-        the GEMM ceiling, once per run: a resume reuses the figure and the thread count
-        its rows were measured with. The files are written before the GEMM, so a run
-        interrupted while it is measured resumes the cells it was asked for."""
+        """Lock the run directory, record the spec, the command-line overrides and the
+        environment (its load average included), then measure the GEMM ceiling: a resume
+        reuses the figure and the thread count its rows were measured with. The files are
+        written before the GEMM, so a run interrupted while it is measured resumes the
+        cells it was asked for. RunLocked when another process holds the run."""
+        if self.lock is None:
+            self.lock = self.store.lock()
+        self.warn_baseline_not_run()
         if self.store.path(ENV).exists():
             env = self.store.read_json(ENV)
             self.threads = env.get("threads") or self.threads
@@ -435,6 +515,10 @@ class Runner:
             self.store.write_text(SPEC, self.spec.text)
             self.store.write_json(OVERRIDES, overrides or {})
             env = environment(self.spec.device, self.threads)
+            env.update(
+                load_average=load_average(),
+                cores=cpu_count(),
+            )
             env.update(
                 gemm_flops_per_s=None,
                 dtype=self.spec.dtype,
@@ -448,12 +532,27 @@ class Runner:
                 f"measuring {self.spec.dtype} GEMM throughput on {self.spec.device} "
                 f"({self.threads} threads)…"
             )
-            env["gemm_flops_per_s"] = gemm_flops_per_second(
-                self.spec.device, self.spec.torch_dtype, threads=self.threads
-            )
-            self.store.write_json(ENV, env)
+            self.record_gemm(env, "start")
         self.gemm_flops = env["gemm_flops_per_s"]
         self.measurer = Measurer(self.spec, self.registry, self.threads, self.gemm_flops)
+
+    def record_gemm(self, env: dict[str, Any], when: str) -> None:
+        """Measure the GEMM ceiling now and write it to env.json beside the earlier ones
+        (`gemm_measurements`), keeping the fastest as `gemm_flops_per_s` and naming it in
+        `gemm_best_of`: a matmul only ever gets slower when the machine is shared, so the
+        fastest is the nearest to the machine's ceiling."""
+        flops = gemm_flops_per_second(self.spec.device, self.spec.torch_dtype, threads=self.threads)
+        measured = list(env.get("gemm_measurements") or [])
+        if not measured and env.get("gemm_flops_per_s"):  # a run from before this list
+            measured.append({"at": "start", "flops_per_s": env["gemm_flops_per_s"]})
+        measured.append({"at": when, "flops_per_s": flops, "load_average": load_average()})
+        best = max(measured, key=lambda entry: entry["flops_per_s"])
+        env.update(
+            gemm_measurements=measured,
+            gemm_flops_per_s=best["flops_per_s"],
+            gemm_best_of=best["at"],
+        )
+        self.store.write_json(ENV, env)
 
     def pending(self) -> list[Cell]:
         done = {row["cell"] for row in self.store.rows()}
@@ -472,6 +571,8 @@ class Runner:
         )
         finished = 0
         by_id = {cell.id: cell for cell in cells}
+        timed = "speed" in self.spec.measures and any(cell.task is None for cell in cells)
+        started = time.monotonic()
 
         def record(row: dict[str, Any]) -> None:
             nonlocal finished
@@ -486,10 +587,17 @@ class Runner:
             bar = progress.add_task("cells", total=len(cells))
             try:
                 executor.run(self, cells, record)
+                long = time.monotonic() - started >= GEMM_AGAIN_AFTER_S
+                if timed and long and executor.name == "local" and self.store.path(ENV).exists():
+                    # Again at the end: the start's may have met a busy moment. (A remote
+                    # executor's rows are against their own nodes' ceilings.)
+                    self.describe("measuring the GEMM ceiling again")
+                    self.record_gemm(self.store.read_json(ENV), "end")
             except KeyboardInterrupt:
                 return finished, False
             finally:
                 self.measurer.progress = None
+                self.close()
         return finished, True
 
     def describe(self, text: str) -> None:

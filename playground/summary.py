@@ -1,11 +1,26 @@
 """What a run's rows say, condensed: one line per (variant point, pass, n) with the
-speed-up over the spec's baseline variant point at the same n, and the fitted log-log exponents of time and memory
-over n per (variant point, pass). Written to summary.csv and printed as tables."""
+speed-up over the spec's baseline variant point at the same n, and the fitted log-log
+exponents of time and memory over n per (variant point, pass). Written to summary.csv and
+printed as tables.
+
+How sure each number is, is said beside it:
+- IQR only where a spread exists (three or more timed runs; older rows timed once show
+  none rather than 0);
+- `flags` per line (measure.cost_flags): derived again from the row's own fields, so rows
+  written before flags existed get them too;
+- efficiency against the run's best GEMM ceiling (env.json `gemm_flops_per_s`, the faster
+  of the start's and the end's) for the rows measured on the runner's node and threads;
+- exponents with their standard error from three or more lengths, marked as a two-point
+  slope from two, and as uncertain when the error is large or a time shrinks with n;
+- a note, in the tables and the cells, when the spec names a baseline that was not run.
+"""
 
 from __future__ import annotations
 
 import csv
 import io
+import math
+import tomllib
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -15,8 +30,18 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from playground.measure import fit_exponent
-from playground.results import ACCURACY, SUMMARY, RunStore
+from playground.fidelity import CAUSAL_REFERENCE
+from playground.measure import (
+    FLAG_EFFICIENCY_ABOVE_1,
+    FLAG_MEANINGS,
+    FLAG_PASS_ORDER,
+    FLAGS,
+    MIN_SPREAD_RUNS,
+    ScalingFit,
+    cost_flags,
+    fit_scaling,
+)
+from playground.results import ACCURACY, ENV, SPEC, SUMMARY, DamagedRun, RunStore
 from playground.stats import accuracy_interval, format_interval
 
 OK = "ok"
@@ -44,30 +69,126 @@ class Line:
     time_exponent: float | None
     memory_exponent: float | None
     error: str | None
+    time_exponent_stderr: float | None = None
+    memory_exponent_stderr: float | None = None
+    exponent_lengths: int = 0
+    """How many lengths the exponents were fitted from (2: a two-point slope)."""
+    timed_runs: int | None = None
+    load_average: float | None = None
+    flags: str = ""
+    """The row's quality flags (measure.FLAGS), joined by "; "; empty when none."""
+    baseline_missing: str | None = None
+    """The spec's baseline label when it has no timed ok row in the run (not run)."""
+    fidelity_reference: str | None = None
+    time_fit: ScalingFit | None = None
+    memory_fit: ScalingFit | None = None
 
 
-def exponents(rows: Iterable[dict[str, Any]]) -> tuple[float | None, float | None]:
-    """Time and memory exponents over the ok rows of one (variant point, pass); None
+def scaling_fits(
+    rows: Iterable[dict[str, Any]],
+) -> tuple[ScalingFit | None, ScalingFit | None]:
+    """Time and memory log-log fits over the ok rows of one (variant point, pass); None
     where fewer than two lengths were measured."""
     rows = [r for r in rows if r["status"] == "ok"]
 
-    def fit(key: str) -> float | None:
+    def fit(key: str) -> ScalingFit | None:
         points = [(r["seq_len"], r[key]) for r in rows if r.get(key)]
         if len({n for n, _ in points}) < 2:
             return None
-        return fit_exponent([n for n, _ in points], [v for _, v in points])
+        return fit_scaling([n for n, _ in points], [v for _, v in points])
 
     return fit("time_ms"), fit("peak_memory_bytes")
 
 
-def summarize(rows: list[dict[str, Any]], baseline: str | None = None) -> list[Line]:
+def exponents(rows: Iterable[dict[str, Any]]) -> tuple[float | None, float | None]:
+    """Time and memory exponents of one (variant point, pass) that can be shown as facts
+    (figure legends): None from fewer than three lengths or when the fit is uncertain
+    (ScalingFit.uncertain); the tables show those with their caveat."""
+
+    def shown(fit: ScalingFit | None) -> float | None:
+        return None if fit is None or fit.uncertain else fit.exponent
+
+    time_fit, memory_fit = scaling_fits(rows)
+    return shown(time_fit), shown(memory_fit)
+
+
+def row_flags(row: dict[str, Any], efficiency: float | None) -> list[str]:
+    """A cost row's flags: those it carries, less an efficiency flag (judged again on
+    `efficiency`, the summary's), plus those its fields show (rows written before flags
+    existed included)."""
+    runs = row.get("timed_runs")
+    time_ms, iqr_ms = row.get("time_ms"), row.get("time_iqr_ms")
+    derived = cost_flags(
+        time_s=time_ms,
+        iqr_s=iqr_ms if runs is None or runs >= MIN_SPREAD_RUNS else None,
+        runs=runs if time_ms is not None else None,
+        efficiency=efficiency,
+        load=row.get("load_average"),
+        cores=row.get("cores"),
+    )
+    carried = [flag for flag in row.get("flags") or [] if flag != FLAG_EFFICIENCY_ABOVE_1]
+    found = set(carried) | set(derived)
+    ordered = [flag for flag in FLAGS if flag in found]
+    return ordered + sorted(found - set(FLAGS))
+
+
+Ceilings = dict[tuple[Any, Any], float]
+"""(node, threads) -> the best GEMM FLOP/s measured there (env.json's, for the runner)."""
+
+
+def best_efficiency(row: dict[str, Any], ceilings: Ceilings | None) -> float | None:
+    """The row's efficiency against the best ceiling known for its node and threads; the
+    row's own when none is better (or known)."""
+    efficiency = row.get("efficiency")
+    own = row.get("gemm_flops_per_s")
+    best = (ceilings or {}).get((row.get("node"), row.get("threads")))
+    if efficiency is None or not own or not best or best <= own:
+        return efficiency
+    return efficiency * own / best
+
+
+def run_ceilings(store: RunStore) -> Ceilings:
+    """The runner's best GEMM ceiling from env.json, keyed by its node and threads; empty
+    when env.json is missing or unreadable (the rows' own ceilings then stand)."""
+    try:
+        env = store.read_json(ENV)
+    except DamagedRun:
+        return {}
+    return ceilings_from_env(env)
+
+
+def ceilings_from_env(env: dict[str, Any]) -> Ceilings:
+    """run_ceilings of an env.json already read (the report's `Run.env`)."""
+    best = env.get("gemm_flops_per_s")
+    if not isinstance(best, (int, float)) or isinstance(best, bool) or best <= 0:
+        return {}
+    return {(env.get("node"), env.get("threads")): float(best)}
+
+
+def spec_baseline(store: RunStore) -> str | None:
+    """The baseline spec.toml names (before --variants could drop it); None without one."""
+    try:
+        named = tomllib.loads(store.path(SPEC).read_text(encoding="utf-8")).get("baseline")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+    return named if isinstance(named, str) else None
+
+
+def summarize(
+    rows: list[dict[str, Any]],
+    baseline: str | None = None,
+    ceilings: Ceilings | None = None,
+) -> list[Line]:
     """The lines of a run's measurement rows; speed-ups against the variant point
-    labelled `baseline` (the spec's), none without one."""
+    labelled `baseline` (the spec's), none without one (and `baseline_missing` set on
+    every line when it has no timed row: it was not run). `ceilings` (run_ceilings):
+    efficiencies are restated against the best GEMM measured on a row's node."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in rows:
         if "task" in row:
             continue  # accuracy rows: accuracy_table()
         groups.setdefault((row["label"], row["pass"]), []).append(row)
+    baseline_label = baseline
     baseline = {
         (row["pass"], row["seq_len"]): row["time_ms"]
         for row in rows
@@ -76,13 +197,32 @@ def summarize(rows: list[dict[str, Any]], baseline: str | None = None) -> list[L
         and row["status"] == "ok"
         and row.get("time_ms")
     }
+    timed = any(row.get("time_ms") for row in rows if "task" not in row)
+    missing = baseline_label if baseline_label and timed and not baseline else None
+    # A forward slower than forward+backward of the same point and n is impossible: both
+    # lines get a flag.
+    times = {
+        (row["label"], row["pass"], row["seq_len"]): row["time_ms"]
+        for row in rows
+        if "task" not in row and row["status"] == OK and row.get("time_ms")
+    }
+    inverted = {
+        (label, n)
+        for (label, pass_name, n), time_ms in times.items()
+        if pass_name == "forward" and time_ms > times.get((label, "forward_backward", n), math.inf)
+    }
     lines = []
     for (label, pass_name), group in groups.items():
-        time_exponent, memory_exponent = exponents(group)
+        time_fit, memory_fit = scaling_fits(group)
         for row in sorted(group, key=lambda r: r["seq_len"]):
             time_ms = row.get("time_ms")
             reference = baseline.get((pass_name, row["seq_len"]))
             memory = row.get("peak_memory_bytes")
+            efficiency = best_efficiency(row, ceilings)
+            runs = row.get("timed_runs")
+            # A row timed fewer times than a spread needs (rows from before the minimum)
+            # recorded an IQR of 0: that is no spread, not an exact time.
+            iqr = row.get("time_iqr_ms") if runs is None or runs >= MIN_SPREAD_RUNS else None
             lines.append(
                 Line(
                     label=label,
@@ -91,20 +231,52 @@ def summarize(rows: list[dict[str, Any]], baseline: str | None = None) -> list[L
                     seq_len=row["seq_len"],
                     status=row["status"],
                     time_ms=time_ms,
-                    time_iqr_ms=row.get("time_iqr_ms"),
+                    time_iqr_ms=iqr,
                     peak_memory_mib=None if memory is None else memory / 2**20,
-                    efficiency=row.get("efficiency"),
+                    efficiency=efficiency,
                     speedup_vs_baseline=reference / time_ms if reference and time_ms else None,
                     fidelity_rel_error=row.get("fidelity_rel_error"),
                     fidelity_local_rel_error=row.get("fidelity_local_rel_error"),
                     fidelity_cosine=row.get("fidelity_cosine"),
                     fidelity_local_attention_distance=row.get("fidelity_local_attention_distance"),
-                    time_exponent=time_exponent,
-                    memory_exponent=memory_exponent,
+                    time_exponent=None if time_fit is None else time_fit.exponent,
+                    memory_exponent=None if memory_fit is None else memory_fit.exponent,
                     error=row.get("error"),
+                    time_exponent_stderr=None if time_fit is None else time_fit.stderr,
+                    memory_exponent_stderr=None if memory_fit is None else memory_fit.stderr,
+                    exponent_lengths=max(
+                        (fit.lengths for fit in (time_fit, memory_fit) if fit), default=0
+                    ),
+                    timed_runs=runs,
+                    load_average=row.get("load_average"),
+                    flags="; ".join(
+                        row_flags(row, efficiency)
+                        + ([FLAG_PASS_ORDER] if (label, row["seq_len"]) in inverted else [])
+                    )
+                    if row["status"] == OK
+                    else "",
+                    baseline_missing=missing,
+                    fidelity_reference=row.get("fidelity_reference"),
+                    time_fit=time_fit,
+                    memory_fit=memory_fit,
                 )
             )
     return lines
+
+
+CSV_EXCLUDED = ("time_fit", "memory_fit")
+"""Line fields summary.csv leaves out: the fits are in its exponent columns already."""
+
+
+def baseline_note(lines: list[Line]) -> str | None:
+    """What to say when the spec's baseline was not run; None when it was (or none)."""
+    missing = next((line.baseline_missing for line in lines if line.baseline_missing), None)
+    if missing is None:
+        return None
+    return (
+        f"no speed-ups: the spec's baseline {missing!r} was not run (not among the variants "
+        f"measured, or no timed row of it); add it to --variants to compare against it"
+    )
 
 
 ACCURACY_COLUMNS = (
@@ -142,8 +314,13 @@ def write_summary(store: RunStore, baseline: str | None = None) -> list[Line]:
     """Derive summary.csv (costs) and accuracy.csv (tasks) from results.jsonl (again:
     they are always recomputable)."""
     rows = store.rows()
-    lines = summarize(rows, baseline)
-    store.write_text(SUMMARY, _csv(list(Line.__dataclass_fields__), map(asdict, lines)))
+    lines = summarize(rows, baseline or spec_baseline(store), run_ceilings(store))
+    columns = [name for name in Line.__dataclass_fields__ if name not in CSV_EXCLUDED]
+    records = [
+        {key: value for key, value in asdict(line).items() if key not in CSV_EXCLUDED}
+        for line in lines
+    ]
+    store.write_text(SUMMARY, _csv(columns, records))
     accuracy = accuracy_rows(rows)
     if accuracy:
         store.write_text(ACCURACY, _csv(list(ACCURACY_COLUMNS), accuracy))
@@ -239,6 +416,7 @@ SUMMARY_COLUMNS = (
     "rel err",
     "rel err local",
     "cosine",
+    "flags",
     "status",
 )
 EXPONENT_COLUMNS = ("variant", "pass", "time exponent", "memory exponent")
@@ -255,12 +433,19 @@ def summary_cells(line: Line) -> list[str]:
         _format(line.time_iqr_ms, ".1f"),
         _format(line.peak_memory_mib, ".1f"),
         _format(line.efficiency, ".2f"),
-        _format(speedup, ".2f") + ("×" if speedup else ""),
+        "no baseline run"
+        if line.baseline_missing and line.time_ms is not None
+        else _format(speedup, ".2f") + ("×" if speedup else ""),
         _format(line.fidelity_rel_error, ".3g"),
         _format(line.fidelity_local_rel_error, ".3g"),
         _format(line.fidelity_cosine, ".3f"),
+        line.flags or "-",
         line.status,
     ]
+
+
+def _fit_text(fit: ScalingFit | None) -> str:
+    return "-" if fit is None else fit.text()
 
 
 def exponent_cells(lines: list[Line]) -> list[list[str]]:
@@ -272,8 +457,8 @@ def exponent_cells(lines: list[Line]) -> list[list[str]]:
             [
                 line.label,
                 line.pass_name,
-                _format(line.time_exponent, ".2f"),
-                _format(line.memory_exponent, ".2f"),
+                _fit_text(line.time_fit),
+                _fit_text(line.memory_fit),
             ],
         )
     return list(rows.values())
@@ -327,8 +512,22 @@ def print_summary(lines: list[Line], console: Console) -> None:
             table = _table_without_empty_columns(header, rows)
             table.title = PASS_TITLES.get(pass_name, pass_name)
             console.print(table)
+    shown = {flag for line in lines for flag in line.flags.split("; ") if flag}
+    for flag in (flag for flag in FLAG_MEANINGS if flag in shown):
+        console.print(f"[yellow]{flag}[/yellow]: {FLAG_MEANINGS[flag]}", soft_wrap=True)
+    causal = sorted({line.label for line in lines if line.fidelity_reference == CAUSAL_REFERENCE})
+    if causal:
+        console.print(
+            f"fidelity of {escape(', '.join(causal))} is against causal exact attention: "
+            f"they see no later tokens",
+            soft_wrap=True,
+        )
+    note = baseline_note(lines)
+    if note:
+        console.print(f"[yellow]note[/yellow]: {escape(note)}", soft_wrap=True)
     console.print(
-        "\n[bold]Scaling[/bold]: fitted exponent of time and memory vs n (1: grows as n, 2: as n²)"
+        "\n[bold]Scaling[/bold]: fitted exponent of time and memory vs n (1: grows as n, 2: as "
+        "n²), ± its standard error; from two lengths only a two-point slope"
     )
     scaling = compact_table()
     scaling.add_column("variant", no_wrap=True)

@@ -45,3 +45,18 @@ def test_bench_records_a_refused_length_and_goes_on(capsys, monkeypatch, fixed_g
 def test_bench_rejects_an_unknown_variant(fixed_gemm):
     with pytest.raises(SystemExit, match="error"):
         bench.main(["--variants", "no_such_variant", "--seq-lens", "16"])
+
+
+def test_bench_says_a_two_length_exponent_is_a_two_point_slope(capsys, monkeypatch, fixed_gemm):
+    monkeypatch.setenv("COLUMNS", "250")
+    bench.main(["--variants", "vanilla", "--seq-lens", "16,32", "--min-run-time", "0.01"])
+    out = capsys.readouterr().out
+    assert "2-point slope" in out and "flags" in out
+
+
+def test_bench_flags_an_efficiency_above_one(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")
+    monkeypatch.setattr(bench, "gemm_flops_per_second", lambda threads=None: 1.0)
+    bench.main(["--variants", "vanilla", "--seq-lens", "16", "--min-run-time", "0.01"])
+    out = capsys.readouterr().out
+    assert "efficiency > 1" in out and "faster than the measured matmul ceiling" in out
