@@ -44,7 +44,7 @@ LIBRARIES = ("F", "torch", "nn", "functional", "math", "einops", "playground", "
 """`owner.name` keeps its name on these owners (`F.dropout`): what the plugin calls there
 is not its own."""
 TIMES = re.compile(
-    r"time|wall_s|_at$|gflops|efficiency|timed_runs|label|variant|options|^cell$|gemm"
+    r"time|wall_s|_at$|gflops|efficiency|timed_runs|label|variant|options|^cell$|gemm|flags|load_average"
 )
 """Row fields that differ by name or by timing: everything else must be identical."""
 
