@@ -110,6 +110,22 @@ def failure_table(rows: Iterable[dict[str, Any]]) -> Table:
     return ["cell", "status", "error"], table
 
 
+def load_error_table(env: dict[str, Any]) -> Table:
+    """Plugins that failed to load when the run started (env.json's
+    `plugin_load_errors`, absent in older runs): their variants are missing from every
+    table, and the report must say why rather than leave them out without a word."""
+    entries = env.get("plugin_load_errors") or []
+    if not isinstance(entries, list):
+        entries = [entries]
+    table = []
+    for entry in entries:
+        if isinstance(entry, dict):
+            table.append([str(entry.get("source", "?")), str(entry.get("error", ""))])
+        else:
+            table.append(["?", str(entry)])
+    return ["plugin", "error"], table
+
+
 def environment_table(env: dict[str, Any]) -> Table:
     rows = [
         [key, value if isinstance(value, str) else json.dumps(value)]
@@ -176,6 +192,9 @@ def _sections(run: Run) -> list[tuple[str, Table]]:
         )
     if run.failed:
         sections.append(("Failed cells", failure_table(run.failed)))
+    load_errors = load_error_table(run.env)
+    if load_errors[1]:
+        sections.append(("Plugins that failed to load (their variants did not run)", load_errors))
     return sections
 
 

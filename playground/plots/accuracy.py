@@ -4,6 +4,7 @@ and cost against accuracy, one panel per task, the trade-off in one picture."""
 
 from __future__ import annotations
 
+import math
 import textwrap
 from typing import Any
 
@@ -220,8 +221,51 @@ def cost_accuracy_figure(run: Run, seq_len: int | None = None) -> Figure | None:
             axes.set_xlabel(axis_label)
             axes.set_ylabel("accuracy (mean ± 95% CI over seeds)")
             axes.set_ylim(0, 1.05)
-            axes.set_title(task, fontsize=10)
+            task_n = _task_length(rows, task)
+            axes.set_title(
+                task if task_n is None else f"{task}: accuracy at n={task_n}", fontsize=10
+            )
             axes.grid(True, alpha=0.3)
+    for task in tasks:
+        task_n = _task_length(rows, task)
+        for label in dict.fromkeys(r["label"] for r in rows if task_name(r) == task):
+            if task_n is not None and _exact_at(run, label, task_n):
+                notes.insert(
+                    0,
+                    f"{run.series[label].legend} is exact attention at n={task_n} (fidelity "
+                    f"error ~0 there): its {task} accuracy is exact attention's",
+                )
+    if cost and any(_task_length(rows, task) not in (None, n) for task in tasks):
+        notes.insert(0, f"cost measured at n={n}; accuracy on each task at its own length")
     legend(figure, [_chance_handle()])
     finish(figure, run, list(dict.fromkeys(notes)))
     return figure
+
+
+EXACT_TOLERANCE = 1e-5
+"""Relative fidelity error under which a variant counts as exact attention at a length."""
+
+
+def _task_length(rows: list[dict[str, Any]], task: str) -> int | None:
+    """The sequence length a task trained at, from its rows' task options."""
+    for row in rows:
+        if task_name(row) == task:
+            length = (row.get("task_options") or {}).get("seq_len")
+            if isinstance(length, int) and not isinstance(length, bool):
+                return length
+    return None
+
+
+def _exact_at(run: Run, label: str, n: int) -> bool:
+    """Whether this variant point is exact attention at length n but not everywhere: its
+    fidelity error is ~0 at n (a window that covers every token, say) and not at some
+    other measured length. Derived from the measurements, so the core names no variant,
+    and exact attention itself is not flagged."""
+    errors: dict[int, float] = {}
+    for row in run.measurements:
+        error = row.get("fidelity_rel_error")
+        usable = isinstance(error, int | float) and math.isfinite(error)
+        if row.get("label") == label and row.get("status") == OK and usable:
+            errors[row.get("seq_len")] = max(errors.get(row.get("seq_len"), 0.0), error)
+    exact_here = n in errors and errors[n] < EXACT_TOLERANCE
+    return exact_here and any(e >= EXACT_TOLERANCE for e in errors.values())

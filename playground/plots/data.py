@@ -11,11 +11,14 @@ left to the report's tables.
 from __future__ import annotations
 
 import json
+import sys
 import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from matplotlib.colors import is_color_like
 
 from playground.errors import PlaygroundError
 from playground.registry import default_registry
@@ -146,7 +149,37 @@ def declared(variant: str, attribute: str) -> Any:
     """What the variant's class declares for a display ClassVar (`display_name`,
     `colour`); None when it declares nothing or is no longer registered (an old run)."""
     info = default_registry().variants.get(variant)
-    return getattr(info.cls, attribute, None) if info is not None else None
+    if info is None:
+        return None
+    try:
+        value = getattr(info.cls, attribute, None)
+    except Exception as exc:  # a hostile property must cost only this declaration
+        warn_hook(variant, attribute, f"raised {type(exc).__name__}: {exc}")
+        return None
+    if value is None:
+        return None
+    if attribute == "colour" and not is_color_like(value):
+        warn_hook(variant, attribute, f"{value!r} is not a matplotlib colour; using the default")
+        return None
+    if attribute == "display_name" and (
+        not isinstance(value, str) or not value.strip() or "\n" in value
+    ):
+        warn_hook(variant, attribute, f"{value!r} is not a one-line name; using {variant!r}")
+        return None
+    return value
+
+
+_WARNED: set[tuple[str, str]] = set()
+
+
+def warn_hook(variant: str, hook: str, problem: str) -> None:
+    """One line on stderr, once per (variant, hook) and process, for a display hook whose
+    value the figures cannot use: the figures go on with a default, and the author learns
+    which plugin and hook to fix."""
+    if (variant, hook) in _WARNED:
+        return
+    _WARNED.add((variant, hook))
+    print(f"warning: variant {variant!r}: {hook} {problem}", file=sys.stderr)
 
 
 def make_series(rows: list[dict[str, Any]]) -> dict[str, Series]:

@@ -30,7 +30,7 @@ from playground.contract import AttentionVariant
 from playground.errors import PlaygroundError
 from playground.fidelity import LOCAL_SCALE, copy_reference_weights, local_tokens
 from playground.plots.data import Run, declared, format_value
-from playground.plots.style import PANEL_SIZE, finish, variant_colour
+from playground.plots.style import PANEL_SIZE, finish, readable, variant_colour
 from playground.registry import Registry, default_registry
 from playground.softmax_attention import ExactAttention
 
@@ -171,7 +171,7 @@ def attention_pattern_figure(
         bar = figure.colorbar(image, ax=top, shrink=0.8, label="weight")
         _bar_ticks(bar, norm.vmin, norm.vmax, 3)
         title = _panel_title(declared(name, "display_name") or name, options, original)
-        top.set_title(title, fontsize=9, color=variant_colour(name))
+        top.set_title(title, fontsize=9, color=readable(variant_colour(name)))
         bottom.imshow(
             seen, cmap=MASK_COLOURS, vmin=0, vmax=1, aspect="auto", interpolation="nearest"
         )
@@ -228,10 +228,17 @@ def relative_bias_figure(
     for line, (name, bias) in zip(grid, biases.items(), strict=True):
         limit = float(np.abs(bias).max()) or 1.0
         for index, (axes, head) in enumerate(zip(line, heads, strict=True)):
+            # aspect="auto": a fixed (equal) aspect defeats the constrained layout, which
+            # then lets a row's axis labels run into the next row's titles.
             image = axes.imshow(
-                bias[head], cmap="RdBu_r", vmin=-limit, vmax=limit, interpolation="nearest"
+                bias[head],
+                cmap="RdBu_r",
+                vmin=-limit,
+                vmax=limit,
+                interpolation="nearest",
+                aspect="auto",
             )
-            axes.set_title(f"{name}, head {head}", fontsize=9, color=variant_colour(name))
+            axes.set_title(f"{name}, head {head}", fontsize=9, color=readable(variant_colour(name)))
             _position_axes(axes, bias[head].shape, "key position j", first_column=index == 0)
         _bar_ticks(figure.colorbar(image, ax=line, shrink=0.7, label="bias"), -limit, limit, 5)
     finish(figure, run, ["each variant's `logit_bias`; its own colour scale per row"])

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from matplotlib.figure import Figure
 
@@ -12,7 +14,7 @@ from playground.plots.data import PlotError, Run, load_run
 from playground.plots.fidelity import fidelity_figures
 from playground.plots.patterns import attention_pattern_figure, relative_bias_figure
 from playground.plots.scaling import METRICS, scaling_figure
-from playground.plots.style import FORMATS, save
+from playground.plots.style import FORMATS, assign_colours, save
 from playground.registry import Registry
 
 FIGURES_DIR = "figures"
@@ -22,15 +24,32 @@ FIGURES_DIR = "figures"
 def figures(run: Run, registry: Registry | None = None) -> dict[str, Figure]:
     """stem -> figure, for everything this run has data for, in reading order."""
     made: dict[str, Figure | None] = {}
+    assign_colours(row["variant"] for row in run.rows if "variant" in row)
     if run.measurements:
         for metric in METRICS:
-            made[metric.stem] = scaling_figure(run, metric)
-        made.update(fidelity_figures(run))
-    made["accuracy"] = accuracy_figure(run)
-    made["cost_vs_accuracy"] = cost_accuracy_figure(run)
-    made["attention_patterns"] = attention_pattern_figure(run, registry)
-    made["relative_bias"] = relative_bias_figure(run, registry)
+            made[metric.stem] = _drawn(metric.stem, lambda m=metric: scaling_figure(run, m))
+        made.update(_drawn("fidelity", lambda: fidelity_figures(run)) or {})
+    made["accuracy"] = _drawn("accuracy", lambda: accuracy_figure(run))
+    made["cost_vs_accuracy"] = _drawn("cost_vs_accuracy", lambda: cost_accuracy_figure(run))
+    made["attention_patterns"] = _drawn(
+        "attention_patterns", lambda: attention_pattern_figure(run, registry)
+    )
+    made["relative_bias"] = _drawn("relative_bias", lambda: relative_bias_figure(run, registry))
     return {stem: figure for stem, figure in made.items() if figure is not None}
+
+
+def _drawn(stem: str, draw: Callable[[], Any]) -> Any:
+    """draw(), or None with a one-line warning when it raises: one figure that odd data or
+    a plugin's hook breaks must not cost the other figures and the report."""
+    try:
+        return draw()
+    except Exception as exc:
+        print(
+            f"warning: figure {stem!r} not drawn: {type(exc).__name__}: "
+            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
+            file=sys.stderr,
+        )
+        return None
 
 
 def plot_run(
@@ -53,5 +72,11 @@ def plot_run(
     out_dir = Path(run_dir) / FIGURES_DIR if out_dir is None else Path(out_dir)
     written: list[Path] = []
     for stem, figure in figures(run, registry).items():
-        written.extend(save(figure, out_dir, stem, formats))
+        try:
+            written.extend(save(figure, out_dir, stem, formats))
+        except Exception as exc:  # drawing happens at save time: a junk value fails here
+            print(
+                f"warning: figure {stem!r} not written: {type(exc).__name__}: {exc}"[:300],
+                file=sys.stderr,
+            )
     return written

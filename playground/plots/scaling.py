@@ -163,7 +163,8 @@ def scaling_figure(run: Run, metric: Metric) -> Figure | None:
     extra = status_handles(statuses)
     if not metric.log_y:
         extra.insert(0, _limit_handle(run))
-        if any(r.get(metric.key, 0) > 1 for r in rows if r["status"] == OK):
+        ok_values = [r.get(metric.key) for r in rows if r["status"] == OK]
+        if any(_positive(value, False) and value > 1 for value in ok_values):
             notes.insert(0, _ABOVE_ONE)
     legend(figure, extra, title=title)
     finish(figure, run, notes)
@@ -171,7 +172,12 @@ def scaling_figure(run: Run, metric: Metric) -> Figure | None:
 
 
 def _positive(value: Any, log_y: bool) -> bool:
-    return value is not None and (value > 0 or not log_y)
+    """Whether a row's value can be drawn: a finite number (a flagged row may hold None,
+    inf or NaN, which would break the axis limits of the whole figure), positive on a
+    log axis."""
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        return False
+    return value > 0 or not log_y
 
 
 _ABOVE_ONE = (

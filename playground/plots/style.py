@@ -12,8 +12,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from matplotlib import colormaps
 from matplotlib.axes import Axes
-from matplotlib.colors import to_rgb
+from matplotlib.colors import to_hex, to_rgb
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import LogFormatter
@@ -54,11 +55,62 @@ PANEL_SIZE = (5.2, 3.9)
 """Inches per panel; the legend column and footnote add to it."""
 
 
+WIDE_PALETTE = tuple(
+    to_hex(colour) for name in ("tab20", "tab20b") for colour in colormaps[name].colors
+)
+"""Forty distinguishable colours, used in order when the hashed colours of a run's
+variants collide (a run with many variants), so no two legend entries share a colour."""
+
+_ASSIGNED: dict[str, str] = {}
+
+
+def assign_colours(variants: Iterable[str]) -> None:
+    """Fix the colours of one run's variants before drawing it: declared colours stay;
+    the others keep their hashed colour unless two would share one, in which case they
+    take unused colours of WIDE_PALETTE in name order."""
+    _ASSIGNED.clear()
+    names = sorted(set(variants))
+    taken = {v: declared(v, "colour") for v in names}
+    undeclared = [v for v in names if not taken[v]]
+    hashed = {v: PALETTE[zlib.crc32(v.encode()) % len(PALETTE)] for v in undeclared}
+    used = {to_hex(c) for c in taken.values() if c}
+    if len(set(hashed.values())) == len(hashed) and not used & set(hashed.values()):
+        return
+    free = [c for c in WIDE_PALETTE if c not in used]
+    for index, variant in enumerate(undeclared):
+        _ASSIGNED[variant] = free[index % len(free)] if free else hashed[variant]
+
+
 def variant_colour(variant: str) -> str:
     """A variant's colour, the same in every figure and run: the one its class declares
     (`AttentionVariant.colour`), else one from a hash of its name (also for a variant of
-    an old run that is no longer registered)."""
-    return declared(variant, "colour") or PALETTE[zlib.crc32(variant.encode()) % len(PALETTE)]
+    an old run that is no longer registered), unless `assign_colours` had to separate
+    colliding ones for this run."""
+    return (
+        declared(variant, "colour")
+        or _ASSIGNED.get(variant)
+        or PALETTE[zlib.crc32(variant.encode()) % len(PALETTE)]
+    )
+
+
+def readable(colour: Any) -> tuple[float, float, float]:
+    """`colour` darkened just enough for text on white to have a contrast ratio of at
+    least 4.5 (WCAG AA): pale variant colours (light blue, yellow) keep their hue but stay
+    legible as panel titles."""
+    rgb = to_rgb(colour)
+    for _ in range(20):
+        if _contrast_on_white(rgb) >= 4.5:
+            break
+        rgb = (rgb[0] * 0.85, rgb[1] * 0.85, rgb[2] * 0.85)
+    return rgb
+
+
+def _contrast_on_white(rgb: tuple[float, float, float]) -> float:
+    def linear(c: float) -> float:
+        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+
+    luminance = 0.2126 * linear(rgb[0]) + 0.7152 * linear(rgb[1]) + 0.0722 * linear(rgb[2])
+    return 1.05 / (luminance + 0.05)
 
 
 def shade(variant: str, index: int, count: int) -> tuple[float, float, float]:
