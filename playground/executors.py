@@ -12,6 +12,13 @@ Workers are spawned, not forked: a forked child inherits the parent's OpenMP thr
 in a state it cannot use. A worker that dies (killed, out of memory) breaks the pool; the
 seeds that were running then are retried one at a time on a pool of their own, so a seed
 is recorded as `error` (with the reason) only when it kills its worker again, alone.
+
+No worker outlives the driver. SIGTERM or SIGHUP to the driver (a batch system's time
+limit, a closed terminal) is handled as Ctrl-C is: the workers are killed, the rows already
+recorded stay, and `--resume` runs the rest. A driver killed outright cannot clean up, so
+each worker watches its parent and ends itself when the driver is gone. A worker that
+cannot load what the driver loaded (a plugin that imports something only the driver's
+environment has) answers each of its seeds with an `error` naming what failed to load.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import multiprocessing
 import os
 import platform
 import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -31,6 +39,7 @@ from typing import Any, Protocol
 
 import torch
 
+from playground import native
 from playground.accuracy import AccuracyJob, SeedResult, prepare, train_seed
 from playground.errors import failure_fields
 from playground.registry import LoadStep, Registry
@@ -40,6 +49,12 @@ RETRIES = 1
 IDLE_BREAKS = 3
 """Pool breaks a seed may see before it was seen running (it may have died within one
 poll) before it is treated as a suspect."""
+PARENT_POLL_S = 0.5
+"""How often a worker checks that the driver is still alive."""
+STOP_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+"""Signals that end the driver the way Ctrl-C does, so that its workers end with it."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +88,18 @@ class SeedLane(Protocol):
     def run(self, tasks: Sequence[SeedTask], done: Callable[[SeedOutcome], None]) -> None: ...
 
 
+def missing_variant(registry: Registry, name: str, where: str) -> str | None:
+    """Why `name` is not registered in `registry`, built on a worker (`where`), naming
+    what failed to load there; None when it is registered."""
+    if name in registry.names():
+        return None
+    errors = "; ".join(str(error) for error in registry.errors) or "no plugin registers it"
+    return (
+        f"variant {name!r} loads here but not on {where} ({errors}); install what its "
+        f"plugin imports where the workers run"
+    )
+
+
 def run_seed(registry: Registry, task: SeedTask) -> SeedOutcome:
     """Train and score one seed here; a raise becomes the outcome's failure."""
     started = time.time()
@@ -95,18 +122,65 @@ def usable_cpus() -> int:
 
 
 _worker_registry: Registry | None = None
+_worker_problem: str | None = None
+"""Why this worker could not load the driver's registry (None when it could)."""
 
 
-def _start_worker(recipe: Sequence[LoadStep]) -> None:
-    global _worker_registry
+def _watch_parent(parent: int) -> None:
+    """End this worker once `parent` (the driver) is gone: a worker whose driver was
+    killed would otherwise train on, holding the driver's stdout open."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)
+
+
+def _start_worker(recipe: Sequence[LoadStep], parent: int) -> None:
+    global _worker_registry, _worker_problem
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     torch.set_num_threads(1)
-    _worker_registry = Registry.from_recipe(recipe)
+    try:
+        _worker_registry = Registry.from_recipe(recipe)
+        native.prepare()  # built (or loaded) before any seed's training time starts
+    except Exception as error:  # an initializer's raise breaks the pool with no reason
+        _worker_problem = f"{type(error).__name__}: {error}"
 
 
 def _run_in_worker(task: SeedTask) -> SeedOutcome:
-    assert _worker_registry is not None, "the worker's initializer did not run"
-    return run_seed(_worker_registry, task)
+    where = f"the packed lane's worker process {os.getpid()}"
+    if _worker_problem is not None:
+        problem: str | None = f"{where} could not load the driver's plugins: {_worker_problem}"
+    else:
+        assert _worker_registry is not None, "the worker's initializer did not run"
+        problem = missing_variant(_worker_registry, task.job.variant, where)
+    if problem is None:
+        return run_seed(_worker_registry, task)
+    now = time.time()
+    failure = {"status": "error", "error": problem}
+    return SeedOutcome(task, None, failure, platform.node(), 1, now, now)
+
+
+class _Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP reached the driver: it stops as Ctrl-C stops it."""
+
+
+@contextlib.contextmanager
+def _stopping_on_signals():
+    """Within: SIGTERM and SIGHUP raise KeyboardInterrupt in this (the main) thread, so
+    that the workers are killed and the recorded rows kept before the driver ends."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers; its own handlers stand
+        return
+
+    def stop(number: int, frame: object) -> None:
+        raise _Stopped(f"stopped by {signal.Signals(number).name}")
+
+    previous = {number: signal.signal(number, stop) for number in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def _died(task: SeedTask, error: BaseException, attempts: int) -> SeedOutcome:
@@ -138,7 +212,7 @@ class SeedPool:
             workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_start_worker,
-            initargs=(self.recipe,),
+            initargs=(self.recipe, os.getpid()),
         )
         self._size = workers
         return self._pool
@@ -151,7 +225,8 @@ class SeedPool:
 
     def run(self, tasks: Sequence[SeedTask], done: Callable[[SeedOutcome], None]) -> None:
         """Train every task, calling `done` with each outcome as it comes back (in the
-        order they finish). KeyboardInterrupt stops the workers and propagates.
+        order they finish). KeyboardInterrupt, SIGTERM or SIGHUP stops the workers and
+        propagates as KeyboardInterrupt.
 
         A death breaks the whole pool, so it does not say whose seed killed it: the seeds
         that were running then are suspects, retried one at a time on a pool of their own,
@@ -161,23 +236,25 @@ class SeedPool:
         idle_breaks: Counter[tuple[str, int]] = Counter()  # broken before seen running
         deaths: Counter[tuple[str, int]] = Counter()  # deaths that were surely its own
         queue = list(tasks)
-        try:
-            while queue:
-                queue, suspects = self._round(self.workers, queue, done, idle_breaks)
-                for task, error in suspects:
-                    key = (task.cell, task.seed)
-                    deaths[key] += len(suspects) == 1  # the only one running: its own
-                    while deaths[key] <= RETRIES:
-                        _, died = self._round(1, [task], done, idle_breaks, alone=True)
-                        if not died:
-                            break  # it trained alone (done has its outcome)
-                        deaths[key] += 1
-                        error = died[0][1]
-                    else:
-                        done(_died(task, error, deaths[key]))
-        except BaseException:
-            self.close(kill=True)
-            raise
+        native.prepare()  # a first build happens here once, not on every worker at once
+        with _stopping_on_signals():
+            try:
+                while queue:
+                    queue, suspects = self._round(self.workers, queue, done, idle_breaks)
+                    for task, error in suspects:
+                        key = (task.cell, task.seed)
+                        deaths[key] += len(suspects) == 1  # the only one running: its own
+                        while deaths[key] <= RETRIES:
+                            _, died = self._round(1, [task], done, idle_breaks, alone=True)
+                            if not died:
+                                break  # it trained alone (done has its outcome)
+                            deaths[key] += 1
+                            error = died[0][1]
+                        else:
+                            done(_died(task, error, deaths[key]))
+            except BaseException:
+                self.close(kill=True)
+                raise
 
     def _round(
         self,

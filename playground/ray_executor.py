@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import platform
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,8 +36,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from playground import native
 from playground.errors import PlaygroundError
-from playground.executors import SeedOutcome, SeedTask, run_seed
+from playground.executors import SeedOutcome, SeedTask, missing_variant, run_seed
 from playground.measure import gemm_flops_per_second, using_threads
 from playground.registry import LoadStep, Registry
 
@@ -45,6 +47,13 @@ if TYPE_CHECKING:
     from playground.spec import Spec
 
 INSTALL_HINT = "pip install 'attention-playground[ray]' (or pip install ray)"
+CONNECT_TIMEOUT_S = 5.0
+"""How long the cluster at a given address has to accept a connection: Ray itself retries
+an unreachable address for minutes, printing only its retries."""
+ADDRESS_HINT = (
+    'give the address `ray start --head` printed (such as 10.0.0.1:6379), "auto" for the '
+    "cluster running on this machine, or no address to start a fresh local Ray"
+)
 
 
 def require_ray() -> Any:
@@ -84,13 +93,30 @@ def _worker_registry(recipe: Sequence[LoadStep]) -> Registry:
 
 def _missing_variant(registry: Registry, name: str) -> str | None:
     """Why `name` is not registered on this worker, naming what failed to load there."""
-    if name in registry.names():
-        return None
-    errors = "; ".join(str(error) for error in registry.errors) or "no plugin registers it"
-    return (
-        f"variant {name!r} is not registered on Ray node {platform.node()} ({errors}); "
-        f"install what its plugin imports on every node"
-    )
+    return missing_variant(registry, name, f"Ray node {platform.node()}")
+
+
+def check_address(address: str | None) -> None:
+    """Refuse an address no Ray cluster can be at, or at which none answers, before
+    anything is made: PlaygroundError naming the address and what to do. None, "auto" and
+    "local" are Ray's own choices, not probed."""
+    if address is None:
+        return
+    text = address.strip()
+    if not text:
+        raise PlaygroundError(f"the Ray address is empty; {ADDRESS_HINT}")
+    if text in ("auto", "local"):
+        return
+    host, _, port = text.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise PlaygroundError(f"the Ray address {address!r} is not host:port; {ADDRESS_HINT}")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), CONNECT_TIMEOUT_S).close()
+    except OSError as error:
+        raise PlaygroundError(
+            f"no Ray cluster answers at {address} ({error.strerror or error}); start one "
+            f"there (ray start --head --port {port}) or check the address, or {ADDRESS_HINT}"
+        ) from None
 
 
 def _facts_on_node(node_id: str, cpus: int, threads: int, spec: Spec, speed: bool) -> NodeFacts:
@@ -104,6 +130,8 @@ def _measure_on_node(
     from playground.runner import Measurer
 
     registry = _worker_registry(recipe)
+    if spec.device == "cpu":
+        native.prepare()  # a first build on this node is not part of the cell's timing
     measurer = Measurer(spec, registry, facts.threads, facts.gemm_flops, node=facts.hostname)
     missing = _missing_variant(registry, cell.variant.name)
     with using_threads(facts.threads):
@@ -185,13 +213,16 @@ def _death(error: BaseException, seed: int | None = None) -> str:
 
 class RayExecutor:
     """A Ray cluster: `address` of a running one (as `ray start` prints it), or None for
-    Ray's own choice: the cluster named by RAY_ADDRESS, else a fresh local one."""
+    Ray's own choice: the cluster named by RAY_ADDRESS, else a fresh local one. A missing
+    Ray, an empty address and one where no cluster answers are refused here, before the
+    run directory is made."""
 
     name = "ray"
 
     def __init__(self, address: str | None = None) -> None:
         self.address = address
         require_ray()  # a missing install is refused before anything runs
+        check_address(address)
 
     def run(
         self, runner: Runner, cells: Sequence[Cell], record: Callable[[dict[str, Any]], None]

@@ -3,6 +3,10 @@
 AdamW (Loshchilov & Hutter 2019) with linear warm-up and cosine decay to zero (the
 schedule of most small Transformer recipes), gradient clipping at 1.0, batches drawn from
 shuffled epochs of the training set, cross-entropy over the scored positions only.
+
+A loss that is not finite ends the training with InvalidOutput (the row is `invalid`): a
+diverged model scores at or below chance, and that score is not a measurement of the
+variant's accuracy.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from rich.progress import Progress
 
+from playground import native
+from playground.errors import InvalidOutput
 from playground.model import TransformerClassifier
 from playground.tasks import IGNORE, TaskData
 
@@ -111,7 +117,10 @@ def train(
     progress: Progress | None = None,
     description: str = "training",
 ) -> TrainResult:
-    """Run `config.steps` AdamW steps on `data`; batches are shuffled with `seed`."""
+    """Run `config.steps` AdamW steps on `data`; batches are shuffled with `seed`.
+    InvalidOutput at the first step whose loss is not finite (NaN or inf): the run diverged."""
+    if torch.device(device).type == "cpu":
+        native.prepare()  # a first build of the native kernels is not training time
     model.train()
     # Fused AdamW (one kernel for all parameters) and a foreach gradient norm: the
     # per-parameter loops cost about a fifth of a step at the playground's model sizes.
@@ -128,20 +137,27 @@ def train(
     cursor, result = 0, TrainResult()
     bar = None if progress is None else progress.add_task(description, total=config.steps)
     started = time.perf_counter()
-    for _ in range(config.steps):
+    for step in range(config.steps):
         if cursor + config.batch_size > len(order):  # a new epoch, reshuffled
             order, cursor = torch.randperm(len(data), generator=generator), 0
         tokens, labels, mask = _batch(data, order[cursor : cursor + config.batch_size], device)
         cursor += config.batch_size
         loss = loss_of(*scored_logits(model, tokens, labels, mask))
+        value = loss.item()
+        if not math.isfinite(value):
+            raise InvalidOutput(
+                f"training diverged: the loss is {value} at step {step + 1} of "
+                f"{config.steps} ({description}); the accuracy of a diverged model is not "
+                f"recorded. Lower the learning rate, or check the variant for NaN outputs"
+            )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.gradient_clip, foreach=True)
         optimizer.step()
         schedule.step()
-        result.losses.append(loss.item())
+        result.losses.append(value)
         if bar is not None:
-            progress.update(bar, advance=1, description=f"{description} loss {loss.item():.3f}")
+            progress.update(bar, advance=1, description=f"{description} loss {value:.3f}")
     result.train_time_s = time.perf_counter() - started
     if bar is not None:
         progress.remove_task(bar)

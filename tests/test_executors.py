@@ -5,8 +5,10 @@ that dies is retried once and then recorded, and Ctrl-C stops the workers."""
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -145,3 +147,168 @@ def test_asking_for_ray_without_it_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
     with pytest.raises(PlaygroundError, match=r"pip install 'attention-playground\[ray\]'"):
         RayExecutor()
+
+
+# A plugin that imports on the driver but not on the packed lane's workers (it needs
+# something only the driver's environment has).
+DRIVER_ONLY_PLUGIN = """
+    import multiprocessing
+    import playground
+
+    if multiprocessing.parent_process() is not None:
+        raise ImportError("no module named 'driver_only_dependency'")
+
+    class DriverOnly(playground.SoftmaxAttention):
+        name, summary, paper = "driver_only", "loads on the driver only", "-"
+
+    @playground.hookimpl
+    def register_attention(register):
+        register(DriverOnly)
+"""
+
+
+def test_a_plugin_that_fails_on_the_workers_is_an_error_row_naming_why(tmp_path, write_plugin):
+    """Loaded on the driver, not on the workers: an `error` row naming what failed to load
+    there, the other cells trained, and nothing hangs."""
+    plugin = write_plugin("driver_only.py", DRIVER_ONLY_PLUGIN)
+    registry = Registry.discover([plugin.parent], entry_points=False)
+    assert "driver_only" in registry.names()
+    rows = _run(tmp_path, registry, 2, "driver_only", "vanilla", steps=2, seeds=1)
+    assert rows["vanilla"]["status"] == "ok", rows["vanilla"]["error"]
+    row = rows["driver_only"]
+    assert row["status"] == "error"
+    assert "driver_only_dependency" in row["error"] and "driver_only.py" in row["error"]
+    assert "worker" in row["error"], row["error"]
+
+
+# A variant whose seeds, on a worker, announce themselves (a file named by the worker's
+# pid) and then wait while the gate file exists: the test decides when they may finish.
+GATED_PLUGIN = """
+    import multiprocessing, os, time
+    from pathlib import Path
+    import playground
+
+    HERE = Path({here!r})
+
+    class Gated(playground.SoftmaxAttention):
+        name, summary, paper = "gated_seed", "waits for the test's gate", "-"
+
+        def forward(self, *arguments, **keywords):
+            if multiprocessing.parent_process() is not None:
+                (HERE / f"started-{{os.getpid()}}").touch()
+                while (HERE / "gate").exists():
+                    time.sleep(0.05)
+            return super().forward(*arguments, **keywords)
+
+    @playground.hookimpl
+    def register_attention(register):
+        register(Gated)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, which only waits for a reaper, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_driver_stopped_while_seeds_train_leaves_no_worker_and_resumes(tmp_path, stop):
+    """A batch system's SIGTERM while seeds train: the driver ends as on Ctrl-C. Killed
+    outright, it cannot clean up, and its workers see it gone. Either way its stdout
+    closes (a pipe reader returns), no worker outlives it, the finished cell's row is
+    kept, and --resume runs the rest, every cell once."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "gated.py").write_text(textwrap.dedent(GATED_PLUGIN).format(here=str(tmp_path)))
+    (tmp_path / "gate").touch()
+    spec = tmp_path / "spec.toml"
+    text = textwrap.dedent(SPEC).format(workers=2, steps=2, variants="")
+    text = text.replace("seeds = 2", "seeds = 1")  # one seed each: both train at once
+    spec.write_text(text + variants_table("vanilla", "gated_seed"))
+    command = [sys.executable, "-m", "playground", "--plugins-dir", str(plugins), "run"]
+    driver = subprocess.Popen(
+        [*command, str(spec), "--out", str(tmp_path / "out")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=tmp_path,
+    )
+    run_dirs = tmp_path / "out" / "packed"
+    try:
+
+        def vanilla_kept_and_gated_started() -> bool:
+            if driver.poll() is not None:
+                return True
+            rows = [p / "results.jsonl" for p in run_dirs.glob("*")]
+            recorded = any(p.exists() and p.read_text().strip() for p in rows)
+            return recorded and any(tmp_path.glob("started-*"))
+
+        _wait_for(vanilla_kept_and_gated_started, 120, "a row, and the gated seed to start")
+        assert driver.poll() is None, driver.communicate()[0].decode()[-3000:]
+        workers = _children(driver.pid)
+        assert len(workers) >= 2  # the pool's two workers (and its resource tracker)
+        driver.send_signal(stop)
+        output = driver.communicate(timeout=60)[0].decode()  # returns: stdout was let go
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode == (130 if stop == signal.SIGTERM else -stop), output[-3000:]
+    _wait_for(lambda: not any(_alive(pid) for pid in workers), 10, "the workers to end")
+    (run_dir,) = run_dirs.iterdir()
+    kept = RunStore.existing(run_dir).rows()
+    assert [(row["variant"], row["status"]) for row in kept] == [("vanilla", "ok")], output
+    (tmp_path / "gate").unlink()
+    resumed = subprocess.run(
+        [*command, "--resume", str(run_dir)], capture_output=True, text=True, timeout=300
+    )
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    rows = RunStore.existing(run_dir).rows()
+    assert sorted((row["variant"], row["status"]) for row in rows) == [
+        ("gated_seed", "ok"),
+        ("vanilla", "ok"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("address", "problem"),
+    [
+        ("", "the Ray address is empty"),
+        ("   ", "the Ray address is empty"),
+        ("no-port-here", "'no-port-here' is not host:port"),
+        ("127.0.0.1:1", "no Ray cluster answers at 127.0.0.1:1"),
+        ("ray://127.0.0.1:1", "no Ray cluster answers at ray://127.0.0.1:1"),
+    ],
+)
+def test_a_ray_address_where_no_cluster_can_answer_is_refused_at_once(address, problem):
+    """Refused when the executor is made (before the run directory), naming the address
+    and what to do, instead of Ray's minutes of retries or its raw traceback."""
+    pytest.importorskip("ray")
+    from playground.ray_executor import RayExecutor
+
+    with pytest.raises(PlaygroundError, match=problem) as refused:
+        RayExecutor(address)
+    assert "ray start --head" in str(refused.value)

@@ -8,6 +8,7 @@ and the Python paths (tests/test_kernels.py) are what runs."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import warnings
@@ -443,3 +444,130 @@ def test_a_nan_score_gives_nan_not_a_dropped_key(path, monkeypatch):
     assert context[:, :, :4].isfinite().all() and context[:, :, 4:].isnan().all()
     context.sum().backward()
     assert q.grad[:, :, :4].isfinite().all() and q.grad[:, :, 4:].isnan().all()
+
+
+@pytest.fixture
+def fresh_native(monkeypatch):
+    """`playground.native` as a new process finds it: nothing loaded or decided yet."""
+    monkeypatch.setattr(native, "_module", None)
+    monkeypatch.setattr(native, "_status", None)
+    monkeypatch.delenv(native.DISABLE_VARIABLE, raising=False)
+
+
+@pytest.mark.parametrize("value", ["0", "false", "No", "OFF", " off "])
+def test_every_off_word_switches_the_native_kernels_off(value, fresh_native, monkeypatch):
+    def built():
+        raise AssertionError("built although PLAYGROUND_NATIVE is off")
+
+    monkeypatch.setattr(native, "_build", built)
+    monkeypatch.setenv(native.DISABLE_VARIABLE, value)
+    assert native.load() is None
+    assert native.status().reason == f"disabled by PLAYGROUND_NATIVE={value}"
+
+
+def test_an_unknown_native_setting_is_refused_naming_the_words(fresh_native, monkeypatch):
+    """A typo is not guessed at: neither built nor silently left on."""
+    from playground.errors import ConfigError
+
+    monkeypatch.setattr(native, "_build", lambda: pytest.fail("built on a typo"))
+    monkeypatch.setenv(native.DISABLE_VARIABLE, "flase")
+    with pytest.raises(ConfigError, match=r"PLAYGROUND_NATIVE='flase'.*0, false, no, off"):
+        native.load()
+    for value in ("1", "true", "Yes", "on", ""):
+        monkeypatch.setenv(native.DISABLE_VARIABLE, value)
+        assert native.enabled(), value
+
+
+def test_the_build_directory_depends_on_the_torch_installation(monkeypatch, tmp_path):
+    """Two environments (another virtual environment, another torch) build apart: each
+    build.ninja holds its own environment's absolute paths."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    here = native.build_directory()
+    assert here.parent == tmp_path
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "another-venv"))
+    elsewhere = native.build_directory()
+    monkeypatch.undo()
+    monkeypatch.setattr(torch, "__version__", "0.0.0+other")
+    other_torch = native.build_directory()
+    assert len({here.name, elsewhere.name, other_torch.name}) == 3
+
+
+def test_a_lock_left_by_a_killed_build_warns_naming_it_instead_of_hanging(
+    fresh_native, monkeypatch, tmp_path
+):
+    """torch's `lock` file without a build running: no wait on it (torch's has no end),
+    a warning that names it and how to remove it, and the Python paths."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    directory = native.build_directory()
+    directory.mkdir()
+    (directory / "lock").touch()
+    monkeypatch.setattr(native, "_compile", lambda directory: pytest.fail("built over a lock"))
+    with pytest.warns(RuntimeWarning, match=rf"{directory / 'lock'}.*killed.*rm "):
+        assert native.load() is None
+    assert "StaleLock" in native.status().reason
+
+
+def test_a_build_in_another_process_is_waited_for_a_bounded_time(
+    fresh_native, monkeypatch, tmp_path, capfd
+):
+    """While another process holds the build, this one says it waits; past the bound it
+    takes the Python paths with a warning, never a silent hang."""
+    pytest.importorskip("fcntl")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(native, "LOCK_WAIT_S", 0.3)
+    monkeypatch.setattr(native, "LOCK_POLL_S", 0.05)
+    monkeypatch.setattr(native, "_compile", lambda directory: pytest.fail("built twice"))
+    directory = native.build_directory()
+    holder = subprocess.Popen(  # another process building: it holds the flock
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
+            "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)",
+            str(directory.with_name(f"{directory.name}.lock")),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.warns(RuntimeWarning, match="another process has been building"):
+            assert native.load() is None
+    finally:
+        holder.kill()
+        holder.wait()
+    assert "waiting for another process's build of playground.native" in capfd.readouterr().err
+
+
+@needs_native
+def test_a_truncated_library_is_rebuilt_not_loaded(tmp_path):
+    """A library cut to half its size (a build killed while writing it) would kill the
+    process with a bus error if imported: it is seen, announced as rebuilt, and (the
+    rebuild refused here) the Python paths run, in a process that ends normally."""
+    built = native.build_directory()
+    root = tmp_path / "extensions"
+    copy = root / built.name
+    shutil.copytree(built, copy)  # keeps the times: ninja sees nothing to do
+    library = copy / f"{built.name}.so"
+    assert native._finished(copy)
+    with library.open("r+b") as handle:
+        handle.truncate(library.stat().st_size // 2)
+    assert not native._finished(copy)
+    code = (
+        "import warnings; from playground import native\n"
+        "def refused(directory): raise RuntimeError('rebuild refused by the test')\n"
+        "native._compile = refused\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    print(native.load(), native.status().reason)\n"
+        "print('warned:', [str(w.message)[:60] for w in caught])\n"
+    )
+    environment = {**os.environ, "TORCH_EXTENSIONS_DIR": str(root)}
+    environment.pop(native.DISABLE_VARIABLE, None)
+    finished = subprocess.run(
+        [sys.executable, "-c", code], env=environment, capture_output=True, text=True, timeout=120
+    )
+    assert finished.returncode == 0, (finished.returncode, finished.stderr[-2000:])
+    assert "None build failed: RuntimeError: rebuild refused" in finished.stdout
+    assert "warned: ['playground.native could not be built" in finished.stdout
+    assert "building playground.native (first use" in finished.stderr

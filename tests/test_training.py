@@ -110,3 +110,20 @@ def test_measure_accuracy_errors_name_the_problem(bundled_registry: Registry) ->
         measure_accuracy(
             bundled_registry, AccuracyJob("vanilla", {}, "mqar", {"num_pairs": 99}, steps=1)
         )
+
+
+def test_a_diverging_run_is_invalid_naming_the_non_finite_loss(
+    bundled_registry: Registry,
+) -> None:
+    """A learning rate that blows the weights up: not an `ok` row with accuracy 0, but
+    InvalidOutput (recorded `invalid`) naming the loss and the step."""
+    from playground.errors import InvalidOutput, failure_fields
+
+    job = AccuracyJob(
+        "vanilla", {}, "lookback", {"seq_len": 12, "offset": 2},
+        steps=6, d_model=16, num_heads=2, num_layers=1, learning_rate=1e30,
+    )  # fmt: skip
+    pattern = r"diverged: the loss is (nan|inf) at step \d of 6"
+    with pytest.raises(InvalidOutput, match=pattern) as raised:
+        measure_accuracy(bundled_registry, job, seeds=[0])
+    assert failure_fields(raised.value)["status"] == "invalid"
