@@ -37,6 +37,16 @@ A list is a sweep unless the option itself is a tuple: `global_tokens = [0]` is 
 `name` names a directory under the results root, so it is a name, never a path: letters,
 digits, `_` and `-`. No cell may appear twice: a repeated length, pass, variant point or
 task is an error naming it (two rows would share one cell id).
+
+The top-level `d_model` and `num_heads` are the width of the speed, memory and fidelity
+cells. In a spec that measures only accuracy they have no such cells, so there they are
+the tasks' width (where a [[tasks]] table does not set its own) rather than being
+ignored. A spec that measures both keeps the tasks at their own small model
+(MODEL_DEFAULTS, or the table's `d_model` and `num_heads`): the speed cells' width would
+make training slow on a CPU.
+
+The spec is validated whole: a spec with several errors is refused with all of them
+listed, each naming its key, so one edit fixes them all.
 """
 
 from __future__ import annotations
@@ -49,7 +59,6 @@ import re
 import tomllib
 import types
 import typing
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +69,7 @@ from playground.accuracy import MODEL_DEFAULTS, Stage, curriculum_tasks, trainin
 from playground.config import build_config, field_types
 from playground.errors import ConfigError, PlaygroundError
 from playground.registry import Registry, bundled_dir
+from playground.tasks import Task
 
 EXECUTORS = ("local", "ray")
 
@@ -77,6 +87,56 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 
 class SpecError(ConfigError):
     """An experiment spec is malformed; the message names the file and key."""
+
+
+class _Problems:
+    """Every error found in one spec, so that a spec with several is refused once with all
+    of them listed rather than one per attempt."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.messages: list[str] = []
+
+    def add(self, message: str) -> None:
+        """A problem, as a message that may start with the spec's path (dropped here)."""
+        prefix = f"{self.path}: "
+        self.messages.append(message[len(prefix) :] if message.startswith(prefix) else message)
+
+    def key(self, key: str, message: str) -> None:
+        self.add(f"key {key!r}: {message}")
+
+    def raise_if_any(self) -> None:
+        """One SpecError naming the file and every problem; nothing when there is none."""
+        if len(self.messages) == 1:
+            raise SpecError(f"{self.path}: {self.messages[0]}")
+        if self.messages:
+            listed = "\n".join(f"  - {message}" for message in self.messages)
+            raise SpecError(
+                f"{self.path}: {len(self.messages)} problems (fix them all, then run "
+                f"again):\n{listed}"
+            )
+
+
+RAY_ADDRESS = re.compile(
+    r"(?:ray://)?(?P<host>[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])"
+    r":(?P<port>[0-9]{1,5})"
+)
+"""host:port as `ray start --head` prints it, or ray://host:port for Ray Client."""
+
+
+def address_problem(address: str) -> str | None:
+    """Why `address` cannot name a Ray cluster; None when it can. Checked before the run
+    directory is made: Ray's own error for a malformed address is a raw traceback."""
+    if address in ("auto", "local"):
+        return None
+    match = RAY_ADDRESS.fullmatch(address)
+    if match and 1 <= int(match["port"]) <= 65535:
+        return None
+    return (
+        f"{address!r} is not a Ray cluster address; give host:port as `ray start --head` "
+        f'prints it (e.g. "10.0.0.1:6379"), "ray://host:10001" for Ray Client, or "auto" for '
+        f"the cluster this machine has joined; leave it out to start a fresh local cluster"
+    )
 
 
 @dataclass(frozen=True)
@@ -264,7 +324,9 @@ def expand_variant(
 
 
 def load_spec(path: str | Path, registry: Registry) -> Spec:
-    """Read and validate a spec file; `path` may also name a bundled spec ("quick")."""
+    """Read and validate a spec file; `path` may also name a bundled spec ("quick").
+
+    Every part is validated even after an error, and one SpecError lists them all."""
     path = resolve_spec_path(path)
     text = path.read_text()
     try:
@@ -272,36 +334,46 @@ def load_spec(path: str | Path, registry: Registry) -> Spec:
     except tomllib.TOMLDecodeError as error:
         raise SpecError(f"{path}: not valid TOML: {error}") from None
 
-    def fail(key: str, message: str) -> typing.NoReturn:
-        raise SpecError(f"{path}: key {key!r}: {message}")
-
-    _check_settings(data, fail)
-    variants = _variant_points(data, registry, path, fail)
+    problems = _Problems(path)
+    data = _check_settings(data, problems)  # keys of a wrong type are left out from here
+    variants, variants_valid = _variant_points(data, registry, path, problems)
     if "accuracy" in data.get("measures", []) and not data.get("tasks"):
-        fail("tasks", "measures include 'accuracy' but no tasks are given")
-    tasks = tuple(
-        _task_run(entry, index, registry, path, data.get("seed", Spec.seed))
-        for index, entry in enumerate(data.get("tasks", []))
-    )
+        problems.key("tasks", "measures include 'accuracy' but no tasks are given")
+    # A spec that measures only accuracy has no other use for its top-level width (the
+    # module docstring says why a spec that measures both keeps them apart).
+    only_accuracy = set(data.get("measures", Spec.measures)) == {"accuracy"}
+    widths = {key: data[key] for key in ("d_model", "num_heads") if key in data and only_accuracy}
+    tasks = []
+    for index, entry in enumerate(data.get("tasks", [])):
+        task = _task_run(
+            entry, index, registry, path, data.get("seed", Spec.seed), problems, widths
+        )
+        if task is not None:
+            tasks.append(task)
     repeated = _repeated(label for task in tasks for label in (*task.stage_labels, task.label))
     if repeated:
-        fail("tasks", f"the task {repeated} is listed more than once; remove the repeated table")
-    known = [name for variant in variants for name in (variant.name, variant.label)]
-    for index, task in enumerate(tasks):
-        for name in task.variants or ():
-            if name not in known:
-                fail(
-                    f"tasks[{index}].variants",
-                    f"{name!r} is none of the spec's variant points (a name or a label)"
-                    + _suggest(name, known),
-                )
-    baseline = data.get("baseline")
-    labels = [variant.label for variant in variants]
-    if baseline is not None and baseline not in labels:
-        fail(
-            "baseline",
-            f"{baseline!r} is not one of the spec's variant points" + _suggest(baseline, labels),
+        problems.key(
+            "tasks", f"the task {repeated} is listed more than once; remove the repeated table"
         )
+    known = [name for variant in variants for name in (variant.name, variant.label)]
+    baseline = data.get("baseline")
+    if variants_valid:  # else a name may be missing only because its table was refused
+        for index, task in enumerate(tasks):
+            for name in task.variants or ():
+                if name not in known:
+                    problems.key(
+                        f"tasks[{index}].variants",
+                        f"{name!r} is none of the spec's variant points (a name or a label)"
+                        + _suggest(name, known),
+                    )
+        labels = [variant.label for variant in variants]
+        if baseline is not None and baseline not in labels:
+            problems.key(
+                "baseline",
+                f"{baseline!r} is not one of the spec's variant points"
+                + _suggest(baseline, labels),
+            )
+    problems.raise_if_any()
     timing = data.get("timing", {})
     return Spec(
         name=data["name"],
@@ -323,65 +395,91 @@ def load_spec(path: str | Path, registry: Registry) -> Spec:
         executor=data.get("executor", Spec.executor),
         address=data.get("address", Spec.address),
         min_run_time=float(timing.get("min_run_time", Spec.min_run_time)),
-        tasks=tasks,
+        tasks=tuple(tasks),
         variant_options=data.get("options", {}),
         baseline=baseline,
     )
 
 
-def _check_settings(data: dict[str, Any], fail: Callable[[str, str], typing.NoReturn]) -> None:
+def _check_settings(data: dict[str, Any], problems: _Problems) -> dict[str, Any]:
     """The spec's own settings: known keys of the right types, a valid name, timing,
-    dtype and device, passes and measures, positive sizes, nothing listed twice."""
+    dtype and device, passes and measures, positive sizes, nothing listed twice, a Ray
+    address. Returns the keys of the right type (the rest were reported), so the checks
+    that follow see only values they can read."""
+    typed: dict[str, Any] = {}
     for key, value in data.items():
         if key not in _TOP_LEVEL:
-            fail(key, "unknown key" + _suggest(key, _TOP_LEVEL))
-        if not _is_instance(value, _TOP_LEVEL[key]):
-            fail(key, f"must be {_type_name(_TOP_LEVEL[key])}; got {value!r}")
+            problems.key(key, "unknown key" + _suggest(key, _TOP_LEVEL))
+        elif not _is_instance(value, _TOP_LEVEL[key]):
+            problems.key(key, f"must be {_type_name(_TOP_LEVEL[key])}; got {value!r}")
+        else:
+            typed[key] = value
     if "name" not in data:
-        fail("name", "missing: every spec needs a name (results go to results/<name>/)")
-    problem = name_problem(data["name"])
-    if problem:
-        fail("name", problem)
-    for key, value in data.get("timing", {}).items():
+        problems.key("name", "missing: every spec needs a name (results go to results/<name>/)")
+    elif "name" in typed and name_problem(typed["name"]):
+        problems.key("name", name_problem(typed["name"]) or "")
+    timing = {}
+    for key, value in typed.get("timing", {}).items():
         if key not in _TIMING:
-            fail(f"timing.{key}", "unknown key" + _suggest(key, _TIMING))
-        if not _is_instance(value, _TIMING[key]) or value <= 0:
-            fail(f"timing.{key}", f"must be a positive number; got {value!r}")
+            problems.key(f"timing.{key}", "unknown key" + _suggest(key, _TIMING))
+        elif not _is_instance(value, _TIMING[key]) or value <= 0:
+            problems.key(f"timing.{key}", f"must be a positive number; got {value!r}")
+        else:
+            timing[key] = value
+    if "timing" in typed:
+        typed["timing"] = timing
     for key, valid in (("dtype", DTYPES), ("device", ("cpu", "cuda")), ("executor", EXECUTORS)):
-        if key in data and data[key] not in valid:
-            fail(key, f"{data[key]!r} is not one of {', '.join(valid)}")
+        if key in typed and typed[key] not in valid:
+            problems.key(key, f"{typed.pop(key)!r} is not one of {', '.join(valid)}")
     for key, valid in (("passes", PASSES), ("measures", MEASURES)):
-        for item in data.get(key, []):
+        for item in typed.get(key, []):
             if item not in valid:
-                fail(key, f"{item!r} is not one of {', '.join(valid)}" + _suggest(item, valid))
-        if key in data and not data[key]:
-            fail(key, f"is empty; give at least one of {', '.join(valid)}")
+                problems.key(
+                    key, f"{item!r} is not one of {', '.join(valid)}" + _suggest(item, valid)
+                )
+        if key in typed and not typed[key]:
+            problems.key(key, f"is empty; give at least one of {', '.join(valid)}")
     for key in ("seq_lens", "batch_size", "d_model", "num_heads", "threads", "accuracy_workers"):
-        values = data.get(key, [1]) if key == "seq_lens" else [data.get(key, 1)]
+        if key not in typed:
+            continue
+        values = typed[key] if key == "seq_lens" else [typed[key]]
         if not values or any(v < 1 for v in values):
-            fail(key, f"must be positive; got {data.get(key)!r}")
+            problems.key(key, f"must be positive; got {typed.pop(key)!r}")
     for key in ("seq_lens", "passes", "measures"):
-        repeated = _repeated(data.get(key, []))
+        repeated = _repeated(typed.get(key, []))
         if repeated:
-            fail(key, f"lists {repeated} more than once; give each once")
-    d_model, num_heads = data.get("d_model", Spec.d_model), data.get("num_heads", Spec.num_heads)
-    if d_model % num_heads:
-        fail("d_model", f"{d_model} is not divisible by num_heads = {num_heads}")
+            problems.key(key, f"lists {repeated} more than once; give each once")
+    if "address" in typed:
+        problem = address_problem(typed["address"])
+        if problem:
+            problems.key("address", problem)
+    d_model, num_heads = typed.get("d_model", Spec.d_model), typed.get("num_heads", Spec.num_heads)
+    refused = any(key in data and key not in typed for key in ("d_model", "num_heads"))
+    if not refused and d_model % num_heads:  # a refused one was named above
+        problems.key("d_model", f"{d_model} is not divisible by num_heads = {num_heads}")
+    return typed
 
 
 def _variant_points(
-    data: dict[str, Any],
-    registry: Registry,
-    path: Path,
-    fail: Callable[[str, str], typing.NoReturn],
-) -> list[VariantPoint]:
+    data: dict[str, Any], registry: Registry, path: Path, problems: _Problems
+) -> tuple[list[VariantPoint], bool]:
     """The spec's [[variants]] (every registered variant when it has none), each with the
-    [options.NAME] table under its own keys, option sweeps expanded into points."""
-    overrides = data.get("options", {})
-    for name, options in overrides.items():
+    [options.NAME] table under its own keys, option sweeps expanded into points; and
+    whether every table was valid (a refused one is in `problems`, not in the list)."""
+    valid = True
+    overrides = {}
+    for name, options in data.get("options", {}).items():
         if not isinstance(options, dict):
-            fail(f"options.{name}", "must be a table of that variant's options")
-        _check_variant_name(name, registry, path, f"options.{name}")
+            problems.key(f"options.{name}", "must be a table of that variant's options")
+            valid = False
+            continue
+        try:
+            _check_variant_name(name, registry, path, f"options.{name}")
+        except SpecError as error:
+            problems.add(str(error))
+            valid = False
+            continue
+        overrides[name] = options
     entries = data.get("variants")
     if entries is None:
         entries = [{"name": name} for name in registry.names()]
@@ -390,22 +488,30 @@ def _variant_points(
         where = f"{path}: variants[{index}]"
         if isinstance(entry, str):
             entry = {"name": entry}
-        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-            raise SpecError(
-                f'{where}: each variant needs a name, e.g. {{ name = "NAME" }} with NAME one of '
-                f"{', '.join(registry.names()) or '(none registered)'}"
-            )
-        name = entry["name"]
-        _check_variant_name(name, registry, path, f"variants[{index}].name")
-        options = {**overrides.get(name, {}), **{k: v for k, v in entry.items() if k != "name"}}
-        variants.extend(expand_variant(name, options, registry, where))
+        try:
+            if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+                raise SpecError(
+                    f'{where}: each variant needs a name, e.g. {{ name = "NAME" }} with NAME '
+                    f"one of {', '.join(registry.names()) or '(none registered)'}"
+                )
+            name = entry["name"]
+            _check_variant_name(name, registry, path, f"variants[{index}].name")
+            options = {
+                **overrides.get(name, {}),
+                **{k: v for k, v in entry.items() if k != "name"},
+            }
+            variants.extend(expand_variant(name, options, registry, where))
+        except SpecError as error:
+            problems.add(str(error))
+            valid = False
     repeated = _repeated(variant.label for variant in variants)
     if repeated:
-        raise SpecError(
-            f"{path}: key 'variants': the point {repeated} is listed more than once (its "
-            f"cells would be measured twice); remove the repeated [[variants]] table or value"
+        problems.key(
+            "variants",
+            f"the point {repeated} is listed more than once (its cells would be measured "
+            f"twice); remove the repeated [[variants]] table or value",
         )
-    return variants
+    return variants, valid
 
 
 def name_problem(name: str) -> str | None:
@@ -445,9 +551,14 @@ def apply_overrides(spec: Spec, registry: Registry, overrides: dict[str, Any]) -
         changes["dtype"] = overrides["dtype"]
     if overrides.get("threads"):
         changes["threads"] = overrides["threads"]
-    for key in ("accuracy_workers", "executor", "address"):
+    for key in ("accuracy_workers", "executor"):
         if overrides.get(key):
             changes[key] = overrides[key]
+    if overrides.get("address") is not None:  # "" too: refused below, not dropped
+        problem = address_problem(overrides["address"])
+        if problem:
+            raise SpecError(f"--address: {problem}")
+        changes["address"] = overrides["address"]
     executor = changes.get("executor", spec.executor)
     if changes.get("address", spec.address) and executor != "ray":
         raise SpecError(
@@ -477,33 +588,49 @@ def apply_overrides(spec: Spec, registry: Registry, overrides: dict[str, Any]) -
     return dataclasses.replace(spec, **changes)
 
 
-def _task_run(entry: Any, index: int, registry: Registry, path: Path, seed: int) -> TaskRun:
+def _task_run(
+    entry: Any,
+    index: int,
+    registry: Registry,
+    path: Path,
+    seed: int,
+    problems: _Problems,
+    widths: dict[str, int] | None = None,
+) -> TaskRun | None:
     """A [[tasks]] table: `name`, the task's own options, and the TASK_SETTINGS keys
-    (`seeds` is a count, starting at the spec's seed)."""
-    where = f"{path}: tasks[{index}]"
+    (`seeds` is a count, starting at the spec's seed). `widths`: the spec's top-level
+    d_model and num_heads, where it sets them, for a table that does not. Each problem
+    goes to `problems` (all of them, as far as they can be told apart); None then."""
+    where = f"tasks[{index}]"
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-        raise SpecError(f'{where}: each task needs a name, e.g. {{ name = "mqar" }}')
+        problems.add(f'{where}: each task needs a name, e.g. {{ name = "mqar" }}')
+        return None
+    found = len(problems.messages)
     try:
         task_cls = registry.get_task(entry["name"])
     except PlaygroundError as error:
-        raise SpecError(f"{where}.name: {error}") from None
+        problems.add(f"{where}.name: {error}")
+        return None
     settings = {}
     for key, expected in TASK_SETTINGS.items():
         if key in entry:
             value = entry[key]
             if expected is float:
                 if not _is_instance(value, float) or not 0 < value < math.inf:
-                    raise SpecError(f"{where}.{key}: must be a positive number; got {value!r}")
+                    problems.add(f"{where}.{key}: must be a positive number; got {value!r}")
+                    continue
                 value = float(value)
             elif not _is_instance(value, expected) or value < 1:
-                raise SpecError(f"{where}.{key}: must be a positive integer; got {value!r}")
+                problems.add(f"{where}.{key}: must be a positive integer; got {value!r}")
+                continue
             settings[key] = value
     chosen = entry.get("variants")
     if chosen is not None and (
         not isinstance(chosen, list) or not chosen or not all(isinstance(v, str) for v in chosen)
     ):
-        raise SpecError(
-            f'{where}.variants: must be a non-empty list of variant names or labels, e.g. ["my_variant"]'
+        problems.add(
+            f"{where}.variants: must be a non-empty list of variant names or labels, "
+            f'e.g. ["my_variant"]'
         )
     options = {
         k: v
@@ -513,16 +640,46 @@ def _task_run(entry: Any, index: int, registry: Registry, path: Path, seed: int)
     try:
         task = task_cls(**options)
     except (PlaygroundError, ValueError, TypeError) as error:
-        raise SpecError(f"{where}: {error}") from None
-    curriculum = _curriculum(entry.get("curriculum", []), where)
+        problems.add(f"{where}: {error}")
+        task = None
     try:
-        *stage_tasks, _ = curriculum_tasks(task_cls, options, curriculum)
-    except PlaygroundError as error:
-        raise SpecError(f"{where}: {error}") from None
+        curriculum = _curriculum(entry.get("curriculum", []), where)
+    except SpecError as error:
+        problems.add(str(error))
+        curriculum = ()
+    stage_tasks: list[Task] = []
+    if task is not None:
+        try:
+            *stage_tasks, _ = curriculum_tasks(task_cls, options, curriculum)
+        except PlaygroundError as error:
+            problems.add(f"{where}: {error}")
+    inherited = {k: v for k, v in (widths or {}).items() if k not in settings}
+    settings.update(inherited)  # a width the table leaves out is the spec's, if it sets one
     d_model = settings.get("d_model", MODEL_DEFAULTS["d_model"])
     num_heads = settings.get("num_heads", MODEL_DEFAULTS["num_heads"])
     if d_model % num_heads:
-        raise SpecError(f"{where}.d_model: {d_model} is not divisible by num_heads = {num_heads}")
+        source = f" (the spec's top-level {', '.join(inherited)})" if inherited else ""
+        problems.add(
+            f"{where}.d_model: {d_model} is not divisible by num_heads = {num_heads}{source}; "
+            f"set both in the [[tasks]] table"
+        )
+    if task is not None:
+        for stage, (stage_task, key) in enumerate(
+            [(t, f"curriculum[{i}].batch_size") for i, t in enumerate(stage_tasks)]
+            + [(task, "batch_size")]
+        ):
+            schedule = curriculum[stage] if stage < len(stage_tasks) else None
+            batch_size = (
+                schedule.batch_size if schedule else settings.get("batch_size")
+            ) or stage_task.default_batch_size
+            if batch_size > stage_task.num_train:
+                problems.add(
+                    f"{where}.{key}: {batch_size} is more than the {stage_task.num_train} "
+                    f"training examples task {stage_task.label!r} generates, so every step "
+                    f"would train on all of them; use at most {stage_task.num_train}"
+                )
+    if task is None or len(problems.messages) > found:
+        return None
     shape = {k: v for k, v in settings.items() if k in MODEL_DEFAULTS}
     tagged = bool(curriculum)
     return TaskRun(

@@ -4,13 +4,22 @@ against its definition, and the fallback for rows written before the field exist
 from __future__ import annotations
 
 import math
+import re
 import statistics
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from playground.stats import accuracy_interval, format_interval, interval_half_width, t_quantile
+from playground.stats import (
+    accuracy_bounds,
+    accuracy_error_bar,
+    accuracy_interval,
+    format_interval,
+    interval_half_width,
+    proportion_interval,
+    t_quantile,
+)
 
 # t(0.975; df) from standard tables (e.g. NIST/SEMATECH e-Handbook, table 1.3.6.7.2).
 TABLE = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 9: 2.262, 10: 2.228, 30: 2.042}
@@ -57,3 +66,53 @@ def test_rows_without_the_field_get_it_from_their_seeds():
     assert accuracy_interval({"accuracy_per_seed": [0.9]}) is None
     assert format_interval(0.9123, 0.0414) == "0.912 ± 0.041"
     assert format_interval(0.9123, None) == "0.912"
+
+
+# --- intervals of a proportion (issue 30 §2) ---------------------------------------------
+def test_an_accuracy_interval_stays_inside_zero_and_one():
+    """Seeds at 1.0, 1.0 and 0.6: mean ± t·se reaches 1.44; the shown interval may not."""
+    row = {"accuracy_mean": 13 / 15, "accuracy_per_seed": [1.0, 1.0, 0.6], "accuracy_ci95": 0.57}
+    low, high = accuracy_bounds(row)
+    assert 0.0 <= low < row["accuracy_mean"] < high <= 1.0
+    text = format_interval(row["accuracy_mean"], accuracy_bounds(row))
+    assert text == f"0.867 [{low:.3f}, {high:.3f}]"
+    assert all(0.0 <= float(x) <= 1.0 for x in re.findall(r"\d+\.\d+", text))
+    below, above = accuracy_error_bar(row)
+    assert row["accuracy_mean"] - below >= 0.0 and row["accuracy_mean"] + above <= 1.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(0, 1), min_size=2, max_size=8),
+    st.one_of(st.none(), st.integers(1, 5000)),
+)
+def test_the_proportion_interval_is_inside_zero_one_and_holds_the_mean(values, scored):
+    low, high = proportion_interval(values, scored)
+    mean = statistics.fmean(values)
+    assert 0.0 <= low <= mean + 1e-9 and mean - 1e-9 <= high <= 1.0
+
+
+def test_the_proportion_interval_is_close_to_the_t_interval_away_from_the_ends():
+    values = [0.5, 0.56, 0.53]
+    low, high = proportion_interval(values)
+    half = interval_half_width(values)
+    assert low == pytest.approx(0.53 - half, abs=0.01) and high == pytest.approx(
+        0.53 + half, abs=0.01
+    )
+
+
+def test_seeds_that_agree_keep_the_test_sets_own_uncertainty():
+    assert proportion_interval([1.0, 1.0, 1.0]) == (1.0, 1.0)  # nothing bounds it
+    low, high = proportion_interval([1.0, 1.0, 1.0], scored=1024)
+    assert 0.99 < low < 1.0 and high == 1.0
+    assert proportion_interval([0.7]) is None
+    assert accuracy_bounds({"accuracy_per_seed": [0.9]}) is None
+    assert accuracy_error_bar({"accuracy_mean": 0.9, "accuracy_per_seed": [0.9]}) == (0.0, 0.0)
+
+
+def test_recorded_bounds_are_used_and_old_rows_get_them_from_their_seeds():
+    recorded = {"accuracy_ci95_low": 0.8, "accuracy_ci95_high": 0.95, "accuracy_per_seed": [0.9]}
+    assert accuracy_bounds(recorded) == (0.8, 0.95)
+    old = {"accuracy_ci95": 0.2, "accuracy_per_seed": [0.9, 1.0]}  # a row from before
+    assert accuracy_bounds(old) == proportion_interval([0.9, 1.0])
+    assert accuracy_interval(old) == 0.2  # the old field still reads as before

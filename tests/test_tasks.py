@@ -165,3 +165,71 @@ def test_bad_options_raise_config_error(cls, options, message: str) -> None:
 def test_label_names_changed_options() -> None:
     assert MQAR().label == "mqar"
     assert MQAR(seq_len=128, num_pairs=8).label == "mqar(seq_len=128, num_pairs=8)"
+
+
+# --- ListOps options no expression satisfies (issue 30 §4) ------------------------------
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"operator_probability": 1.0}, r"no ListOps expression .* shortest expression has 1534"),
+        (
+            {"max_args": 2, "min_length": 5, "max_length": 5},
+            r"no ListOps expression has between min_length = 5 and max_length = 5",
+        ),
+        (
+            {"min_length": 60, "max_length": 64, "operator_probability": 0.05},
+            r"only a share .* draws; widen the length range",
+        ),
+    ],
+)
+def test_listops_options_no_expression_satisfies_are_refused(options, message) -> None:
+    """These passed validation and then made the generator loop forever."""
+    with pytest.raises(ConfigError, match=message):
+        ListOps(**options)
+
+
+def test_listops_options_that_only_some_trees_satisfy_still_work() -> None:
+    # operator_probability = 1 is fine where the full trees fit; lengths 4 only: 2 digits
+    for options in ({"max_depth": 2, "operator_probability": 1.0}, {"max_args": 2}):
+        task = ListOps(min_length=4, max_length=4, **options)
+        assert (task.generate(8, seed=0).tokens != PAD).sum(dim=1).eq(5).all()  # [CLS] + 4
+
+
+def test_listops_acceptance_rate_matches_sampling() -> None:
+    """The exact length distribution behind the check agrees with the generator."""
+    import random
+
+    from playground.tasks.listops import _TooLong, acceptance_rate, possible_lengths
+
+    task = ListOps(min_length=10, max_length=30, max_depth=5, max_args=4, operator_probability=0.4)
+    rng, accepted, lengths, draws = random.Random(0), 0, set(), 20_000
+    for _ in range(draws):
+        tokens: list[str] = []
+        try:
+            task._grow(rng, 1, tokens)
+        except _TooLong:
+            continue
+        lengths.add(len(tokens))
+        accepted += len(tokens) >= 10
+    assert accepted / draws == pytest.approx(acceptance_rate(task.options), abs=0.01)
+    assert sorted(lengths) == possible_lengths(task.options)
+
+
+def test_listops_sampling_is_bounded_even_if_every_draw_is_rejected(monkeypatch) -> None:
+    from playground.tasks import listops
+
+    task = ListOps(max_length=32)
+
+    def too_long(rng, depth, tokens):
+        raise listops._TooLong
+
+    monkeypatch.setattr(task, "_grow", too_long)
+    monkeypatch.setattr(listops, "acceptance_rate", lambda options: 0.5)
+    with pytest.raises(InvalidInput, match=r"no ListOps expression .* in 80 draws"):
+        task.generate(1, seed=0)
+
+
+@pytest.mark.parametrize("seq_len", [-5, 0, 1])
+def test_a_bad_lookback_seq_len_is_named_not_reported_as_an_offset(seq_len) -> None:
+    with pytest.raises(ConfigError, match=rf"seq_len must be at least 2 .*got {seq_len}"):
+        Lookback(seq_len=seq_len)

@@ -15,6 +15,8 @@ Trees are grown top-down from depth 1: below `max_depth` a node is a digit with 
 
 from __future__ import annotations
 
+import functools
+import math
 import random
 import statistics
 from collections.abc import Sequence
@@ -116,6 +118,105 @@ class ListOpsOptions(TaskOptions):
                 f"max_length must fit one operator with two digits (4 tokens); got "
                 f"{self.max_length}"
             )
+        # Options can pass every check above and still admit no expression (or almost
+        # none) of an accepted length; rejection sampling would then loop forever.
+        problem = _length_problem(self)
+        if problem:
+            raise ValueError(problem)
+
+
+MIN_ACCEPTANCE = 1e-4
+"""Least share of grown trees whose length is accepted: below it each expression takes
+more than 10,000 draws, which is a stalled run rather than a slow one."""
+
+
+def _effective_depth(options: ListOpsOptions) -> int:
+    """The depth bound that gives the same accepted expressions as max_depth: an operator
+    at depth r below the root brings at least 3r + 4 tokens (its own four and an operator,
+    `]` and a sibling at each level above), so deeper ones never fit max_length."""
+    return min(options.max_depth, options.max_length // 3 + 2)
+
+
+def possible_lengths(options: ListOpsOptions) -> list[int]:
+    """Every token count up to max_length that some expression has, exactly (sets of
+    lengths as bit masks, grown from the depth bound up)."""
+    cap = (1 << (options.max_length + 1)) - 1
+    leaf = 1 << 1  # a digit: one token
+    lengths = leaf
+    for _ in range(_effective_depth(options) - 1):
+        power, children = lengths, 0
+        for _ in range(2, options.max_args + 1):  # 2 … max_args children, lengths added
+            grown, rest = 0, lengths
+            while rest:
+                lowest = rest & -rest
+                grown |= power << (lowest.bit_length() - 1)
+                rest ^= lowest
+            power = grown & cap
+            children |= power
+        operator = (children << 2) & cap  # the operator's token and its "]"
+        lengths = operator | (leaf if options.operator_probability < 1 else 0)
+    return [n for n in range(options.max_length + 1) if lengths >> n & 1]
+
+
+@functools.lru_cache(maxsize=64)
+def acceptance_rate(options: ListOpsOptions) -> float:
+    """The probability that a grown tree has between min_length and max_length tokens: the
+    distribution of a subtree's length, truncated at max_length, computed from the depth
+    bound up (sums of children's lengths as convolutions, by FFT)."""
+    size, fft_size = options.max_length + 1, 2 * (options.max_length + 1)
+    leaf = torch.zeros(size, dtype=torch.float64)
+    leaf[1] = 1.0
+    distribution = leaf
+    for _ in range(_effective_depth(options) - 1):
+        spectrum = torch.fft.rfft(distribution, fft_size)
+        power, children = distribution, torch.zeros(size, dtype=torch.float64)
+        for _ in range(2, options.max_args + 1):
+            power = torch.fft.irfft(torch.fft.rfft(power, fft_size) * spectrum, fft_size)
+            power = power[:size].clamp(min=0.0)  # FFT rounding can dip below zero
+            children += power
+        operator = torch.zeros(size, dtype=torch.float64)
+        operator[2:] = children[:-2] / (options.max_args - 1)  # uniform argument count
+        p = options.operator_probability
+        distribution = (1 - p) * leaf + p * operator
+    return float(distribution[options.min_length :].sum().clamp(max=1.0))
+
+
+def _length_problem(options: ListOpsOptions) -> str | None:
+    """Why no expression (or almost none) of the accepted lengths can be grown; None when
+    sampling them is practical."""
+    bounds = f"between min_length = {options.min_length} and max_length = {options.max_length}"
+    knobs = (
+        f"max_depth = {options.max_depth}, max_args = {options.max_args} and "
+        f"operator_probability = {options.operator_probability}"
+    )
+    lengths = possible_lengths(options)
+    if not any(options.min_length <= n for n in lengths):
+        if not lengths:
+            # A full binary tree; the formula rather than its value for a deep bound.
+            shortest = (
+                f"{3 * 2 ** (options.max_depth - 1) - 2}"
+                if options.max_depth <= 40
+                else "3·2^(max_depth − 1) − 2"
+            )
+            found = (
+                f"with operator_probability = 1 every node above max_depth is an operator, "
+                f"so the shortest expression has {shortest} tokens"
+            )
+        else:
+            found = f"the longest possible up to max_length has {lengths[-1]} tokens"
+        return (
+            f"no ListOps expression has {bounds} tokens with {knobs}: {found}; widen the "
+            f"length range, or change max_depth, max_args or operator_probability"
+        )
+    rate = acceptance_rate(options)
+    if rate < MIN_ACCEPTANCE:
+        return (
+            f"only a share {rate:.1e} of ListOps expressions grown with {knobs} has {bounds} "
+            f"tokens, so each example would take about {1 / max(rate, 1e-300):,.0f} draws; "
+            f"widen the length range, or change operator_probability or max_args so "
+            f"expressions of that length are common"
+        )
+    return None
 
 
 class ListOps(Task):
@@ -155,9 +256,14 @@ class ListOps(Task):
         return self.options.max_length + 1
 
     def sample_expression(self, rng: random.Random) -> tuple[list[str], int]:
-        """One expression within the length bounds and its value (rejection sampling)."""
+        """One expression within the length bounds and its value (rejection sampling).
+
+        The options were checked to accept at least MIN_ACCEPTANCE of the grown trees; the
+        attempts are still bounded (at 40 times the expected number, which valid options
+        exceed with probability about e^-40) so that no input can make this loop forever."""
         options = self.options
-        while True:
+        attempts = math.ceil(40 / max(acceptance_rate(options), MIN_ACCEPTANCE))
+        for _ in range(attempts):
             tokens: list[str] = []
             try:
                 value = self._grow(rng, 1, tokens)
@@ -165,6 +271,10 @@ class ListOps(Task):
                 continue
             if len(tokens) >= options.min_length:
                 return tokens, value
+        raise InvalidInput(
+            f"no ListOps expression of {options.min_length} … {options.max_length} tokens "
+            f"in {attempts} draws with {self.label}'s options; widen the length range"
+        )
 
     def _grow(self, rng: random.Random, depth: int, tokens: list[str]) -> int:
         """Append one subtree's tokens to `tokens`; return its value."""

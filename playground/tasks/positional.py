@@ -28,6 +28,10 @@ class LookbackOptions(TaskOptions):
     """Token ids; the tokens are drawn from [1, vocab_size) (0 is padding, never used)."""
 
     def __post_init__(self) -> None:
+        if self.seq_len < 2:
+            raise ValueError(
+                f"seq_len must be at least 2 (a token and one to name it from); got {self.seq_len}"
+            )
         if self.vocab_size < 3:
             raise ValueError(f"vocab_size must be at least 3; got {self.vocab_size}")
         if not 1 <= self.offset < self.seq_len:
