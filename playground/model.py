@@ -27,7 +27,11 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from playground.contract import AttentionVariant
+from playground.contract import (
+    AttentionVariant,
+    checked_options_hook,
+    checked_share_with_first_layer,
+)
 from playground.errors import ConfigError, UnsupportedFeature
 from playground.linear_layers import use_fast_linears
 from playground.registry import Registry
@@ -133,7 +137,7 @@ def share_across_layers(layers: list[AttentionVariant]) -> list[str]:
     returns what was shared, for the record."""
     first, shared = layers[0], []
     for layer in layers[1:]:
-        shared = list(layer.share_with_first_layer(first))
+        shared = list(checked_share_with_first_layer(layer, first))
     return shared
 
 
@@ -143,8 +147,8 @@ class TransformerClassifier(nn.Module):
     def __init__(self, config: ModelConfig, registry: Registry) -> None:
         super().__init__()
         self.config = config
-        options = registry.get(config.variant).fit_options(
-            config.variant_options, config.max_seq_len
+        options = checked_options_hook(
+            registry.get(config.variant), "fit_options", config.variant_options, config.max_seq_len
         )
         attentions = [
             registry.build(config.variant, config.d_model, config.num_heads, **options)

@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from playground.plots.data import OK, Run, load_run
-from playground.stats import accuracy_interval, format_interval
+from playground.stats import accuracy_bounds, format_interval
 from playground.summary import (
     EXPONENT_COLUMNS,
     SUMMARY_COLUMNS,
     Line,
+    ceilings_from_env,
     exponent_cells,
     summarize,
     summary_cells,
@@ -73,7 +74,7 @@ def accuracy_table(rows: Iterable[dict[str, Any]]) -> Table:
     header = [
         "variant",
         "task",
-        "accuracy (mean ± 95% CI)",
+        "accuracy (mean [95% interval])",
         "per seed",
         "chance",
         "steps",
@@ -83,7 +84,7 @@ def accuracy_table(rows: Iterable[dict[str, Any]]) -> Table:
     table = []
     for row in rows:
         mean = row.get("accuracy_mean")
-        accuracy = "-" if mean is None else format_interval(mean, accuracy_interval(row))
+        accuracy = "-" if mean is None else format_interval(mean, accuracy_bounds(row))
         table.append(
             [
                 row["label"],
@@ -181,15 +182,13 @@ def _sections(run: Run) -> list[tuple[str, Table]]:
     """(title, table) of every table section that has rows."""
     sections = []
     if run.measurements:
-        lines = summarize(run.measurements, run.spec.get("baseline"))
+        lines = summarize(run.measurements, run.spec.get("baseline"), ceilings_from_env(run.env))
         sections.append(
             ("Summary (median time; peak memory above the inputs)", summary_table(lines))
         )
         sections.append(("Scaling: fitted exponent of time and memory vs n", exponent_table(lines)))
     if run.accuracy:
-        sections.append(
-            ("Accuracy (mean ± 95% Student-t interval over seeds)", accuracy_table(run.accuracy))
-        )
+        sections.append(("Accuracy (mean [95% interval over seeds])", accuracy_table(run.accuracy)))
     if run.failed:
         sections.append(("Failed cells", failure_table(run.failed)))
     load_errors = load_error_table(run.env)

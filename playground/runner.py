@@ -35,6 +35,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from playground import native
 from playground.accuracy import AccuracyJob, Prepared, measure_accuracy, prepare, row_fields
 from playground.contract import AttentionOutput, AttentionVariant
 from playground.errors import InvalidOutput, PlaygroundError, failure_fields
@@ -518,6 +519,10 @@ class Runner:
             env.update(
                 load_average=load_average(),
                 cores=cpu_count(),
+                plugin_load_errors=[
+                    {"source": error.source, "error": error.message}
+                    for error in self.registry.errors
+                ],
             )
             env.update(
                 gemm_flops_per_s=None,
@@ -630,6 +635,8 @@ class LocalExecutor:
         measurer = runner.measurer
         trained = [cell for cell in cells if cell.task is not None]
         workers = self.workers(runner.spec, sum(len(cell.task.seeds) for cell in trained))
+        if runner.spec.device == "cpu":
+            native.prepare()  # a first build of the native kernels is no cell's time
         with using_threads(runner.threads):
             try:
                 for cell in cells:

@@ -42,7 +42,7 @@ from playground.measure import (
     fit_scaling,
 )
 from playground.results import ACCURACY, ENV, SPEC, SUMMARY, DamagedRun, RunStore
-from playground.stats import accuracy_interval, format_interval
+from playground.stats import accuracy_bounds, format_interval
 
 OK = "ok"
 PASS_TITLES = {"forward": "forward", "forward_backward": "forward + backward"}
@@ -332,11 +332,11 @@ def _format(value: float | None, spec: str) -> str:
 
 
 def print_accuracy(rows: list[dict[str, Any]], console: Console) -> None:
-    """variant × task: accuracy mean ± 95% interval over seeds, each seed, chance."""
+    """variant × task: accuracy mean [95% interval] over seeds, each seed, chance."""
     accuracy = accuracy_rows(rows)
     if not accuracy:
         return
-    table = Table(title="Accuracy on held-out examples (mean ± 95% Student-t interval over seeds)")
+    table = Table(title="Accuracy on held-out examples (mean [95% interval over seeds])")
     for column in ("task", "variant", "accuracy", "seeds", "chance", "train s/seed", "status"):
         table.add_column(column)
     for row in accuracy:
@@ -344,7 +344,7 @@ def print_accuracy(rows: list[dict[str, Any]], console: Console) -> None:
         table.add_row(
             row["task_label"],
             row["label"],
-            format_interval(row["accuracy_mean"], accuracy_interval(row)) if ok else "-",
+            format_interval(row["accuracy_mean"], accuracy_bounds(row)) if ok else "-",
             ", ".join(f"{a:.3f}" for a in row["accuracy_per_seed"]) if ok else "-",
             _format(row["chance"], ".3f"),
             _format(row["train_time_s"], ".1f"),

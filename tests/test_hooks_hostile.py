@@ -104,7 +104,7 @@ def test_good_fit_options_pass_through():
 # --- share_with_first_layer --------------------------------------------------------------
 @pytest.mark.parametrize(
     ("value", "words"),
-    [("q_proj", "returned 'q_proj'"), (("no_such_table",), "'no_such_table', which is not")],
+    [("q_proj", "returned 'q_proj'"), ((42,), "42, which is not a one-line name")],
     ids=["string", "missing-name"],
 )
 def test_share_with_first_layer_junk_is_a_hook_error(value, words):

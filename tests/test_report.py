@@ -72,7 +72,9 @@ def test_html_is_valid_and_self_contained(report) -> None:
     text = "".join(checker.text)
     assert "oom: synthetic <failure> & more" in text  # the error, shown as text
     assert "invalid: synthetic <failure> & more" in text  # invalid cells are failures too
-    assert "accuracy" in text.lower() and "0.900 ± 0.124" in text  # the 95% interval
+    assert (
+        "accuracy" in text.lower() and "0.900 [0.713, 0.970]" in text
+    )  # the 95% interval, inside [0, 1]
     assert "0.850, 0.900, 0.950" in text  # and every seed
     assert 'name = "synthetic"' in text  # the spec
     assert "Test CPU" in text  # the environment
@@ -91,8 +93,8 @@ def test_markdown_has_tables_and_relative_figures(report) -> None:
     assert "| variant | pass | n |" in text
     assert "linformer(k=8)\\|n=128\\|forward" in text  # cell ids keep their pipes escaped
     # each accuracy value under its own header: the seeds, then chance
-    assert "| accuracy (mean ± 95% CI) | per seed | chance |" in text
-    assert "| 0.900 ± 0.124 | 0.850, 0.900, 0.950 | " in text
+    assert "| accuracy (mean [95% interval]) | per seed | chance |" in text
+    assert "| 0.900 [0.713, 0.970] | 0.850, 0.900, 0.950 | " in text
     for path in figures:
         if path.suffix == ".png":
             assert f"](figures/{path.name})" in text

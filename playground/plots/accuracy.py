@@ -1,4 +1,4 @@
-"""Accuracy: grouped bars per task (mean ± 95% Student-t interval over seeds, each seed a
+"""Accuracy: grouped bars per task (mean and 95% interval over seeds (stays inside [0, 1]), each seed a
 dot, chance drawn),
 and cost against accuracy, one panel per task, the trade-off in one picture."""
 
@@ -25,7 +25,7 @@ from playground.plots.style import (
     series_marker,
     status_handles,
 )
-from playground.stats import accuracy_interval
+from playground.stats import accuracy_error_bar
 
 CHANCE_STYLE = dict(color="0.15", linestyle="--", linewidth=1.2)
 
@@ -72,7 +72,7 @@ def accuracy_figure(run: Run) -> Figure | None:
                 x,
                 row["accuracy_mean"],
                 width * 0.92,
-                yerr=accuracy_interval(row) or 0.0,
+                yerr=[[part] for part in accuracy_error_bar(row)],
                 color=colour,
                 edgecolor="0.2",
                 linewidth=0.5,
@@ -90,7 +90,7 @@ def accuracy_figure(run: Run) -> Figure | None:
     )
     axes.set_xlim(-0.6, len(tasks) - 0.4)
     axes.set_ylim(0, 1.05)
-    axes.set_ylabel("accuracy (mean ± 95% CI over seeds; dots: seeds)")
+    axes.set_ylabel("accuracy (mean, 95% interval over seeds; dots: seeds)")
     axes.grid(True, axis="y", alpha=0.3)
     legend(figure, [_chance_handle(), *status_handles(statuses)])
     finish(figure, run, notes + _training_notes(rows))
@@ -200,7 +200,7 @@ def cost_accuracy_figure(run: Run, seq_len: int | None = None) -> Figure | None:
                 axes.errorbar(
                     x,
                     row["accuracy_mean"],
-                    yerr=accuracy_interval(row) or 0.0,
+                    yerr=[[part] for part in accuracy_error_bar(row)],
                     color=series_colour(series),
                     marker=series_marker(series),
                     markersize=7,
@@ -219,7 +219,7 @@ def cost_accuracy_figure(run: Run, seq_len: int | None = None) -> Figure | None:
             if len(points) > 1 and max(p[0] for p in points) > 3 * min(p[0] for p in points):
                 log_axis(axes, [p[0] for p in points], which="x")
             axes.set_xlabel(axis_label)
-            axes.set_ylabel("accuracy (mean ± 95% CI over seeds)")
+            axes.set_ylabel("accuracy (mean, 95% interval over seeds)")
             axes.set_ylim(0, 1.05)
             task_n = _task_length(rows, task)
             axes.set_title(

@@ -26,7 +26,12 @@ from matplotlib.colorbar import Colorbar
 from matplotlib.colors import ListedColormap, Normalize, PowerNorm
 from matplotlib.figure import Figure
 
-from playground.contract import AttentionVariant
+from playground.contract import (
+    AttentionVariant,
+    checked_logit_bias,
+    checked_options_hook,
+    checked_pattern_weights,
+)
 from playground.errors import PlaygroundError
 from playground.fidelity import LOCAL_SCALE, copy_reference_weights, local_tokens
 from playground.plots.data import Run, declared, format_value
@@ -58,7 +63,7 @@ def _weights(module: AttentionVariant, tokens: torch.Tensor) -> tuple[torch.Tens
     with torch.no_grad():
         if module.capabilities.need_weights:
             return module(tokens, need_weights=True).weights[0, 0], "key position j"
-        drawn = module.pattern_weights(tokens)
+        drawn = checked_pattern_weights(module, tokens)
         if drawn is not None:
             return drawn[0][0, 0], drawn[1]
     return None, ""
@@ -137,7 +142,7 @@ def attention_pattern_figure(
         row, column = divmod(index, per_row)
         top, bottom = grid[2 * row, column], grid[2 * row + 1, column]
         try:
-            fitted = registry.get(name).picture_options(original, n)
+            fitted = checked_options_hook(registry.get(name), "picture_options", original, n)
             module, options = _build(registry, name, fitted, d_model, num_heads)
             module = module.double().eval()
             try:
@@ -209,11 +214,11 @@ def relative_bias_figure(
     biases: dict[str, np.ndarray] = {}
     for name, original in points.items():
         torch.manual_seed(int(run.spec.get("seed", 0)))
-        fitted = registry.get(name).picture_options(original, n)
+        fitted = checked_options_hook(registry.get(name), "picture_options", original, n)
         try:
             module, _ = _build(registry, name, fitted, d_model, num_heads)
             with torch.no_grad():
-                bias = module.logit_bias(n, n)
+                bias = checked_logit_bias(module, n, n)
         except Exception:
             continue
         if bias is not None:

@@ -70,10 +70,18 @@ def plot_run(
         )
     run = load_run(run_dir)
     out_dir = Path(run_dir) / FIGURES_DIR if out_dir is None else Path(out_dir)
+    try:  # a place that cannot hold figures is the user's to fix, not a figure's fault
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PlotError(
+            f"cannot write {out_dir}: {exc.strerror or exc}; give --out a directory for the figures"
+        ) from exc
     written: list[Path] = []
     for stem, figure in figures(run, registry).items():
         try:
             written.extend(save(figure, out_dir, stem, formats))
+        except OSError:
+            raise
         except Exception as exc:  # drawing happens at save time: a junk value fails here
             print(
                 f"warning: figure {stem!r} not written: {type(exc).__name__}: {exc}"[:300],
