@@ -39,14 +39,21 @@ def allowed_keys(
 def masked_softmax(scores: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
     """Softmax over the last dim with disallowed entries at exactly 0.
 
-    A row with no allowed entry returns all zeros instead of NaN (the contract: a fully
-    masked query attends to nothing and outputs zero).
+    A row with no finite score, because the mask allows no key or because the scores
+    themselves are all −inf (a score_mod that hides keys), returns all zeros instead of
+    NaN, and its scores get zero gradients: the contract's fully masked query, and what
+    FlexAttention gives. A NaN score still makes its row NaN.
     """
-    if allowed is None:
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    if scores.shape[-1] == 0:  # no keys at all: nothing to reduce over
         return scores.softmax(dim=-1)
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    weights = scores.softmax(dim=-1)  # NaN on rows that are all -inf
-    return weights.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
+    # amax is NaN on a row holding a NaN, so such a row is not taken for an empty one.
+    empty = torch.isneginf(scores.amax(dim=-1, keepdim=True))  # (..., 1)
+    # Filled before the softmax too: its backward would turn the NaN of an all −inf row
+    # into NaN gradients even where the weights are zeroed afterwards.
+    weights = scores.masked_fill(empty, 0.0).softmax(dim=-1)
+    return weights.masked_fill(empty, 0.0)
 
 
 def empty_query_rows(allowed: torch.Tensor | None) -> torch.Tensor | None:

@@ -7,7 +7,10 @@ as FlexAttention's `score_mod` and `mask_mod` (torch.nn.attention.flex_attention
 A variant subclasses it, sets name/summary/paper, and overrides one or both methods; the
 same methods can be handed to `flex_attention`. The base owns the projections, heads, the
 call's padding mask and `is_causal` (AND-ed with `mask_mod`), queries that see nothing
-(zero output), FLOPs, and three paths:
+(zero output, as in FlexAttention: a query with no finite score, masked out or given −inf
+by `score_mod`, gets a zero context, and in every head a zero output), FLOPs, and three
+paths. What the mods and `project`/`context_mod` return is checked (a HookError names
+the hook), so a wrong layout fails with a message instead of deep inside a kernel:
 
 - reference: dense (B, H, Nq, Nk) scores; the mods are evaluated on broadcast index
   tensors (b (B,1,1,1), h (1,H,1,1), q_idx (1,1,Nq,1), kv_idx (1,1,1,Nk)), so a mod written
@@ -15,18 +18,22 @@ call's padding mask and `is_causal` (AND-ed with `mask_mod`), queries that see n
   a masked softmax. The oracle.
 - CPU fast path. With no mods and no padding, one SDPA call. A `relative_score_mod`
   (score + g(h, kv − q)) without a `mask_mod` is evaluated once per relative position and
-  run by `kernels.relative_bias_attention` (a Toeplitz view; a fused backward for g).
-  Otherwise blocked over queries: `mask_mod` (with causality) is evaluated once per
-  shape into a map of the key span each block of queries can see, and keys outside it are
-  never touched, so a window of w costs O(n·(w + block)) time and memory. Within a span,
-  an additive `score_mod` (`additive_score_mod = True`: score + f(b, h, q, kv)) is turned
-  into a bias for fused SDPA; any other is applied to explicit block scores. In training
-  each block is recomputed in backward (activation checkpointing), so memory stays
-  O(n · block) and parameters used in `score_mod` get their gradients; without a
-  `score_mod`, when all blocks' masks together take no more than q, k and v (a window's
-  do; a dense causal mask's do not), the masks are kept instead and every block goes to
-  one `kernels.blocked_attention` call, whose fused backward adds each span's key
-  gradients in place. FlexAttention has no CPU backward, which is why this path exists.
+  run by `kernels.relative_bias_attention` (a Toeplitz view; a fused backward for g),
+  unless g is −inf somewhere (a query may then see no key: the blocked path finds it).
+  Otherwise blocked over queries: on every call, as FlexAttention builds its block mask,
+  `mask_mod` (with causality) is evaluated into a map of the key span each block of
+  queries can see (a mod may read state that changes between calls: document ids, a
+  scheduled window), and keys outside it are never touched, so a window of w costs
+  O(n·(w + block)) attention time and memory, plus O(n²) cheap evaluations of the rule
+  itself. Within a span, an additive `score_mod` (`additive_score_mod = True`: score +
+  f(b, h, q, kv)) is turned into a bias for fused SDPA; any other is applied to explicit
+  block scores. In training each block is recomputed in backward (activation
+  checkpointing), so memory stays O(n · block) and parameters used in `score_mod` get
+  their gradients; without a `score_mod`, when all blocks' masks together take no more
+  than q, k and v (a window's do; a dense causal mask's do not), the masks are kept
+  instead and every block goes to one `kernels.blocked_attention` call, whose fused
+  backward adds each span's key gradients in place. FlexAttention has no CPU backward,
+  which is why this path exists.
 - CUDA: `flex_attention` with `create_block_mask`, compiled, with the same methods.
 
 `need_weights=True` runs the reference (the weights are dense anyway).
@@ -44,7 +51,8 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from playground.config import VariantConfig
-from playground.contract import AttentionOutput, AttentionVariant, Capabilities
+from playground.contract import AttentionOutput, AttentionVariant, Capabilities, _hook_error
+from playground.errors import HookError
 from playground.heads import (
     add_projections,
     attention_flops,
@@ -58,10 +66,14 @@ from playground.kernels import (
     relative_bias_attention,
     transforms_active,
 )
-from playground.masks import empty_query_rows, masked_softmax, queries_without_keys
+from playground.masks import masked_softmax, queries_without_keys
 
 MOD_CHUNK_ELEMENTS = 2**19
 """How many (b, h, q, kv) entries the CPU fast path evaluates a mod on per call."""
+SPAN_CHUNK_ELEMENTS = 2**16
+"""How many (q, kv) entries `mask_mod` is evaluated on per call while finding each block's
+key span: the whole (Nq, Nk) grid is visited on every call, and at this size a mod's
+integer intermediates stay in cache."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +101,24 @@ def index_grid(
         queries.view(1, 1, -1, 1),
         keys.view(1, 1, 1, -1),
     )
+
+
+def _broadcasts(shape: torch.Size, target: torch.Size | tuple[int, ...]) -> bool:
+    """Whether a tensor of `shape` broadcasts to `target` without growing it."""
+    try:
+        return torch.broadcast_shapes(shape, target) == torch.Size(target)
+    except RuntimeError:  # sizes that do not broadcast
+        return False
+
+
+def _described(value: object) -> str:
+    """A hook's result, for an error message: its kind, and a tensor's dtype and shape."""
+    if isinstance(value, torch.Tensor):
+        dtype = str(value.dtype).removeprefix("torch.")
+        return f"a tensor of dtype {dtype} and shape {tuple(value.shape)}"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)}: " + ", ".join(map(_described, value))
+    return f"{type(value).__name__} {value!r}"
 
 
 class SoftmaxAttention(AttentionVariant):
@@ -123,8 +153,6 @@ class SoftmaxAttention(AttentionVariant):
         super().__init__(d_model, num_heads, **options)
         add_projections(self, d_model, bias=self.config.bias)
         self.scale = 1 / math.sqrt(self.head_dim)
-        # (B, H, Nq, Nk, causal, device) -> [(start, stop, key_start, key_stop)] per block
-        self._spans: dict[tuple, list[tuple[int, int, int, int]]] = {}
 
     # --- what a variant overrides ----------------------------------------------------
     def score_mod(
@@ -170,7 +198,7 @@ class SoftmaxAttention(AttentionVariant):
             1, self.num_heads, torch.arange(n_q, device=device), torch.arange(n_k, device=device)
         )
         zero = torch.zeros((), device=device)
-        return self.score_mod(zero, b, h, q_idx, kv_idx).expand(1, self.num_heads, n_q, n_k)
+        return self._scores(zero, b, h, q_idx, kv_idx).broadcast_to(1, self.num_heads, n_q, n_k)
 
     @property
     def _has_score_mod(self) -> bool:
@@ -189,12 +217,110 @@ class SoftmaxAttention(AttentionVariant):
     ) -> torch.Tensor:
         """context (B, H, Nq, d) -> output (B, Nq, d_model): `context_mod`, then the output
         projection (queries that see nothing output zero)."""
-        return project_output(self, self.context_mod(context, query), empty)
+        changed = self.context_mod(context, query)
+        if not isinstance(changed, torch.Tensor) or changed.shape != context.shape:
+            raise self._hook_problem(
+                "context_mod(context, query)",
+                f"returned {_described(changed)}; it must return each head's output "
+                f"(B, H, Nq, d) = {tuple(context.shape)}, the shape of the context it is "
+                "given (the query input is (B, Nq, d_model): apply a gate to the context, "
+                "do not return it)",
+            )
+        return project_output(self, changed, empty)
+
+    # --- calling the hooks: a result of the wrong kind is refused, naming the hook -------
+    def _hook_problem(self, hook: str, problem: str) -> HookError:
+        return _hook_error(self, f"{type(self).__name__}.{hook}", problem)
+
+    def _projected(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`project`'s q, k, v, checked against the layout every path reads: q (B, H, Nq,
+        d), k and v (B, H, Nk, ·), q and k of one width. A wrong layout would otherwise
+        fail deep inside a kernel, or broadcast into wrong outputs."""
+        projected = self.project(query, key, value)
+        batch, n_q, n_k, heads = query.shape[0], query.shape[1], key.shape[1], self.num_heads
+        expected = (
+            f"q (B, H, Nq, d) = ({batch}, {heads}, {n_q}, d), k and v (B, H, Nk, d) = "
+            f"({batch}, {heads}, {n_k}, d), q and k of one width d (split the heads with "
+            "playground.heads.split_heads, (B, N, H·d) -> (B, H, N, d))"
+        )
+        if not (
+            isinstance(projected, (tuple, list))
+            and len(projected) == 3
+            and all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in projected)
+        ):
+            raise self._hook_problem(
+                "project(query, key, value)",
+                f"returned {_described(projected)}; it must return three tensors: {expected}",
+            )
+        q_k_v = q, k, v = projected
+        if not (
+            q.shape[:3] == (batch, heads, n_q)
+            and k.shape[:3] == v.shape[:3] == (batch, heads, n_k)
+            and q.shape[-1] == k.shape[-1]
+        ):
+            shapes = ", ".join(
+                f"{name} {tuple(t.shape)}" for name, t in zip("qkv", q_k_v, strict=True)
+            )
+            raise self._hook_problem(
+                "project(query, key, value)", f"returned {shapes}; expected {expected}"
+            )
+        return q, k, v
+
+    def _scores(
+        self,
+        score: torch.Tensor,
+        b: torch.Tensor,
+        h: torch.Tensor,
+        q_idx: torch.Tensor,
+        kv_idx: torch.Tensor,
+    ) -> torch.Tensor:
+        """`score_mod(score, b, h, q_idx, kv_idx)`, checked: a floating tensor that
+        broadcasts to the shape of its arguments together (a constant, 0-dimensional, is
+        one score for every pair, as in FlexAttention). Returned as it is; callers
+        broadcast it."""
+        result = self.score_mod(score, b, h, q_idx, kv_idx)
+        shape = torch.broadcast_shapes(score.shape, b.shape, h.shape, q_idx.shape, kv_idx.shape)
+        fits = isinstance(result, torch.Tensor) and result.is_floating_point()
+        if fits and _broadcasts(result.shape, shape):
+            return result
+        raise self._hook_problem(
+            "score_mod(score, b, h, q_idx, kv_idx)",
+            f"returned {_described(result)}; it must return a floating-point tensor that "
+            f"broadcasts to its arguments' shape {tuple(shape)}: the score changed by torch "
+            "operations on it and on the index tensors (b (B,1,1,1), h (1,H,1,1), q_idx "
+            "(1,1,Nq,1), kv_idx (1,1,1,Nk))",
+        )
+
+    def _mask(
+        self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor
+    ) -> torch.Tensor:
+        """`mask_mod(b, h, q_idx, kv_idx)` as a bool tensor (B or 1, H or 1, Nq, Nk). A
+        rule that ignores kv_idx or q_idx (a per-query or per-head rule) gives size-1
+        dimensions there, which every caller needs at full size; the batch and head
+        dimensions stay 1 where the rule does not depend on them, so no copy is made per
+        batch element or head. Anything else, an int tensor or a Python bool, is refused."""
+        allowed = self.mask_mod(b, h, q_idx, kv_idx)
+        shape = (b.shape[0], h.shape[1], q_idx.shape[2], kv_idx.shape[3])
+        is_mask = isinstance(allowed, torch.Tensor) and allowed.dtype == torch.bool
+        if is_mask and _broadcasts(allowed.shape, shape):
+            lead = (1,) * (4 - allowed.dim()) + tuple(allowed.shape)  # (B?, H?, ·, ·)
+            return allowed.broadcast_to((lead[0], lead[1], shape[2], shape[3]))
+        raise self._hook_problem(
+            "mask_mod(b, h, q_idx, kv_idx)",
+            f"returned {_described(allowed)}; it must return a bool tensor that broadcasts "
+            f"to the index tensors' shape (B, H, queries, keys), {shape} in this call, True "
+            "where query q_idx may see key kv_idx: a "
+            "comparison of the index tensors (b (B,1,1,1), h (1,H,1,1), q_idx (1,1,Nq,1), "
+            "kv_idx (1,1,1,Nk)) such as `(q_idx - kv_idx).abs() < w` (`!= 0` makes an int "
+            "tensor bool; `torch.ones_like(q_idx >= kv_idx)` allows every key)",
+        )
 
     # --- reference ---------------------------------------------------------------------
     def _allowed(self, b, h, q_idx, kv_idx, keep, is_causal) -> torch.Tensor | None:
-        """mask_mod ∧ causality ∧ padding, broadcast over (B, H, Nq, Nk); None = all."""
-        allowed = self.mask_mod(b, h, q_idx, kv_idx) if self._has_mask_mod else None
+        """mask_mod ∧ causality ∧ padding, (B or 1, H or 1, Nq, Nk); None = all."""
+        allowed = self._mask(b, h, q_idx, kv_idx) if self._has_mask_mod else None
         if is_causal:
             causal = q_idx >= kv_idx
             allowed = causal if allowed is None else allowed & causal
@@ -206,18 +332,22 @@ class SoftmaxAttention(AttentionVariant):
     def forward_reference(
         self, query, key, value, attention_mask, is_causal, need_weights
     ) -> AttentionOutput:
-        q, k, v = self.project(query, key, value)  # (B, H, N, d)
+        q, k, v = self._projected(query, key, value)  # (B, H, N, d)
         batch, heads, n_q, n_k = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
         b, h, q_idx, kv_idx = index_grid(
             batch, heads, torch.arange(n_q, device=q.device), torch.arange(n_k, device=q.device)
         )
-        scores = self.score_mod(q @ k.transpose(-2, -1) * self.scale, b, h, q_idx, kv_idx)
-        scores = scores.to(q.dtype)  # a mod's float32 constants must not promote bf16 scores
+        scores = q @ k.transpose(-2, -1) * self.scale  # (B, H, Nq, Nk)
+        # A mod's float32 constants must not promote bf16 scores.
+        scores = self._scores(scores, b, h, q_idx, kv_idx).to(q.dtype).broadcast_to(scores.shape)
         allowed = self._allowed(b, h, q_idx, kv_idx, attention_mask, is_causal)
         if allowed is not None:
-            allowed = allowed.expand(batch, -1, n_q, n_k)  # (B, H or 1, Nq, Nk)
-        weights = masked_softmax(scores, allowed)  # (B, H, Nq, Nk)
-        output = self._output(weights @ v, query, empty_query_rows(allowed))
+            scores = scores.masked_fill(~allowed, -math.inf)
+        weights = masked_softmax(scores, None)  # (B, H, Nq, Nk); 0 on rows with no score
+        # A query with no finite score in any head outputs exactly zero, as FlexAttention's
+        # path does (a −inf log-sum-exp in every head): masked out, or −inf from score_mod.
+        empty = torch.isneginf(scores.amax(dim=-1)).all(dim=1)[..., None]  # (B, Nq, 1)
+        output = self._output(weights @ v, query, empty)
         return AttentionOutput(
             output, weights.expand(batch, heads, n_q, n_k) if need_weights else None
         )
@@ -229,7 +359,13 @@ class SoftmaxAttention(AttentionVariant):
         if query.is_cuda:
             return self._forward_flex(query, key, value, attention_mask, is_causal)
         if self._has_score_mod and self.relative_score_mod and not self._has_mask_mod:
-            return self._forward_relative(query, key, value, attention_mask, is_causal)
+            relative_bias = self._score_mod_per_offset(query.shape[1], key.shape[1], query)
+            # A −inf in g hides keys and may leave a query none, which the Toeplitz kernel
+            # cannot tell (its output must be zero); the blocked path finds such queries.
+            if not bool(torch.isneginf(relative_bias).any()):
+                return self._forward_relative(
+                    query, key, value, attention_mask, is_causal, relative_bias
+                )
         return self._forward_blocked(query, key, value, attention_mask, is_causal)
 
     def _score_mod_per_offset(self, n_q: int, n_k: int, like: torch.Tensor) -> torch.Tensor:
@@ -239,17 +375,20 @@ class SoftmaxAttention(AttentionVariant):
         offsets = torch.arange(-(n_q - 1), n_k, device=like.device)
         zero = torch.zeros((), dtype=like.dtype, device=like.device)
         b, h, q_idx, kv_idx = index_grid(1, self.num_heads, (-offsets).clamp(min=0), offsets)
-        bias = self.score_mod(zero, b, h, q_idx.view(1, 1, 1, -1), kv_idx.clamp(min=0))
+        bias = self._scores(zero, b, h, q_idx.view(1, 1, 1, -1), kv_idx.clamp(min=0))
         return bias.to(like.dtype).broadcast_to(1, self.num_heads, 1, len(offsets))[0, :, 0]
 
-    def _forward_relative(self, query, key, value, attention_mask, is_causal) -> AttentionOutput:
-        q, k, v = self.project(query, key, value)  # (B, H, N, d)
+    def _forward_relative(
+        self, query, key, value, attention_mask, is_causal, relative_bias: torch.Tensor
+    ) -> AttentionOutput:
+        """The relative path, given g per relative position (`_score_mod_per_offset`)."""
+        q, k, v = self._projected(query, key, value)  # (B, H, N, d)
         n_q, n_k = q.shape[2], k.shape[2]
         context = relative_bias_attention(
             q,
             k,
             v,
-            self._score_mod_per_offset(n_q, n_k, q),
+            relative_bias,
             attention_mask,
             is_causal,
             self.scale,
@@ -262,31 +401,34 @@ class SoftmaxAttention(AttentionVariant):
         self, batch: int, heads: int, n_q: int, n_k: int, is_causal: bool, device
     ) -> list[tuple[int, int, int, int]]:
         """Per block of queries: (start, stop, key_start, key_stop), the keys from the
-        first to the last any of its queries may see under mask_mod and causality.
-        Cached per shape; the padding mask is not part of it (it changes per call)."""
-        cache_key = (batch, heads, n_q, n_k, is_causal, device)
-        spans = self._spans.get(cache_key)
-        if spans is not None:
-            return spans
+        first to the last any of its queries may see under mask_mod and causality (the
+        padding mask is applied within the spans).
+
+        Derived again on every call, as FlexAttention's block mask is: a mask_mod may read
+        state that changes between calls of one shape (document ids set per batch, a
+        window a schedule widens), and spans kept from an earlier call would silently
+        drop the keys it now allows."""
         spans, block = [], self.config.block_size
         keys = torch.arange(n_k, device=device)
+        # Rows per evaluation of the mod, so that its intermediates stay small.
+        rows = max(1, min(block, SPAN_CHUNK_ELEMENTS // n_k))
         for start in range(0, n_q, block):
             stop = min(start + block, n_q)
-            if not (self._has_mask_mod or is_causal):
-                spans.append((start, stop, 0, n_k))
+            if not self._has_mask_mod:  # causality at most: query i sees keys 0 … i
+                spans.append((start, stop, 0, min(stop, n_k) if is_causal else n_k))
                 continue
-            b, h, q_idx, kv_idx = index_grid(
-                batch, heads, torch.arange(start, stop, device=device), keys
-            )
-            allowed = self._allowed(b, h, q_idx, kv_idx, None, is_causal)
-            seen = allowed.reshape(-1, n_k).any(dim=0).nonzero()  # keys anyone here sees
-            if len(seen):
-                spans.append((start, stop, int(seen[0]), int(seen[-1]) + 1))
-            else:
-                spans.append((start, stop, 0, 0))
-        if len(self._spans) >= 8:  # a few shapes in flight; forget the oldest
-            self._spans.pop(next(iter(self._spans)))
-        self._spans[cache_key] = spans
+            seen = torch.zeros(n_k, dtype=torch.uint8, device=device)  # keys anyone here sees
+            for first in range(start, stop, rows):
+                queries = torch.arange(first, min(first + rows, stop), device=device)
+                b, h, q_idx, kv_idx = index_grid(batch, heads, queries, keys)
+                allowed = self._mask(b, h, q_idx, kv_idx)
+                if is_causal:
+                    allowed = allowed & (q_idx >= kv_idx)
+                # (B?, H?, rows, Nk) -> (Nk,); a max over bytes is vectorised, bool any is not.
+                seen = seen.maximum(allowed.view(torch.uint8).amax(dim=(0, 1, 2)))
+            where = seen.nonzero()
+            key_start, key_stop = (int(where[0]), int(where[-1]) + 1) if len(where) else (0, 0)
+            spans.append((start, stop, key_start, key_stop))
         return spans
 
     def _span_mask(
@@ -322,20 +464,27 @@ class SoftmaxAttention(AttentionVariant):
             b, h, q_idx, kv_idx = index_grid(batch, heads, queries, keys)
             mask = None
             if self._has_score_mod:  # f(b, h, q, kv), broadcast to this chunk's rows
-                bias = self.score_mod(zero, b, h, q_idx, kv_idx).to(like.dtype)
+                bias = self._scores(zero, b, h, q_idx, kv_idx).to(like.dtype)
                 mask = bias.broadcast_to(
                     torch.broadcast_shapes(bias.shape, (1, 1, len(queries), span))
                 )
             allowed = self._allowed(b, h, q_idx, kv_idx, keep, is_causal)  # None: all seen
             if allowed is not None:
                 allowed = allowed.expand(batch, -1, len(queries), span)
-                seen = allowed.any(dim=-1)  # (B, H or 1, rows)
+                mask = allowed if mask is None else mask.masked_fill(~allowed, -math.inf)
+            if mask is not None:
+                # A query sees a key when it may and its score there is finite (a score_mod
+                # may give −inf): (B, H or 1, rows).
+                if mask.dtype == torch.bool:
+                    seen = mask.any(dim=-1).expand(batch, -1, -1)
+                else:
+                    seen = ~torch.isneginf(mask.detach().amax(dim=-1)).expand(batch, -1, -1)
                 if not bool(seen.all()):
                     # A query that sees nothing would make SDPA's softmax NaN: let it see
                     # its first key (finite), and zero it afterwards.
-                    allowed = allowed.clone()
-                    allowed[..., 0] |= ~seen
-                mask = allowed if mask is None else mask.masked_fill(~allowed, -math.inf)
+                    first_key = ~seen[..., None] & (torch.arange(span, device=keys.device) == 0)
+                    fill = True if mask.dtype == torch.bool else 0.0
+                    mask = mask.masked_fill(first_key, fill)
                 sees.append(seen)
             masks.append(mask)
         if masks[0] is None:
@@ -372,13 +521,15 @@ class SoftmaxAttention(AttentionVariant):
                 torch.arange(start, start + block, device=q.device),
                 torch.arange(key_start, key_start + span, device=q.device),
             )
+            scores = q @ k.transpose(-2, -1) * self.scale  # (B, H, blk, span)
+            scores = self._scores(scores, b, h, q_idx, kv_idx).to(q.dtype)
+            scores = scores.broadcast_to(batch, heads, block, span)
             allowed = self._allowed(b, h, q_idx, kv_idx, keep, is_causal)  # None: all seen
-            sees = None
             if allowed is not None:
-                allowed = allowed.expand(batch, -1, block, span)  # (B, H or 1, blk, span)
-                sees = allowed.any(dim=-1)  # (B, H or 1, blk)
-            scores = self.score_mod(q @ k.transpose(-2, -1) * self.scale, b, h, q_idx, kv_idx)
-            context = masked_softmax(scores.to(q.dtype), allowed) @ v
+                scores = scores.masked_fill(~allowed, -math.inf)
+            # A query sees a key when it may and its score there is finite (B, H, blk).
+            sees = ~torch.isneginf(scores.amax(dim=-1))
+            context = masked_softmax(scores, None) @ v
         else:
             mask, sees = self._span_mask(
                 start, key_start, (batch, heads, block, span), keep, is_causal, q, scratch
@@ -403,7 +554,7 @@ class SoftmaxAttention(AttentionVariant):
             torch.zeros(1, dtype=torch.long, device=device),
             torch.zeros(1, dtype=torch.long, device=device),
         )
-        probe = self.mask_mod(b, h, q_idx, kv_idx) if self._has_mask_mod else q_idx >= 0
+        probe = self._mask(b, h, q_idx, kv_idx) if self._has_mask_mod else q_idx >= 0
         copies = (batch if attention_mask is not None else probe.shape[0]) * probe.shape[1]
         entries = sum(
             (stop - start) * (key_stop - key_start) for start, stop, key_start, key_stop in spans
@@ -411,7 +562,7 @@ class SoftmaxAttention(AttentionVariant):
         return 4 * copies * entries
 
     def _forward_blocked(self, query, key, value, attention_mask, is_causal) -> AttentionOutput:
-        q, k, v = self.project(query, key, value)  # (B, H, N, d)
+        q, k, v = self._projected(query, key, value)  # (B, H, N, d)
         if not (self._has_score_mod or self._has_mask_mod) and attention_mask is None:
             # Nothing to mask but causality, which SDPA does itself: no blocks needed.
             context = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=self.scale)
@@ -442,8 +593,9 @@ class SoftmaxAttention(AttentionVariant):
                 (stop - start) * (key_stop - key_start)
                 for start, stop, key_start, key_stop in spans
             )
-            # A bias (B, H, blk, span) in q's dtype; a bool mask has no head dimension.
-            per_entry = heads * q.element_size() if self._has_score_mod else 1
+            # A bias (B, H, blk, span) in q's dtype, or a bool mask, which has a head
+            # dimension when mask_mod depends on the head.
+            per_entry = heads * (q.element_size() if self._has_score_mod else 1)
             scratch = q.new_empty(batch * widest * per_entry, dtype=torch.uint8)
         contexts, empties = [], []
         for start, stop, key_start, key_stop in spans:
@@ -509,7 +661,7 @@ class SoftmaxAttention(AttentionVariant):
     def _forward_flex(self, query, key, value, attention_mask, is_causal) -> AttentionOutput:
         from torch.nn.attention.flex_attention import create_block_mask
 
-        q, k, v = self.project(query, key, value)  # (B, H, N, d)
+        q, k, v = self._projected(query, key, value)  # (B, H, N, d)
         batch, heads, n_q, n_k = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
 
         def mask_mod(b, h, q_idx, kv_idx):
