@@ -107,7 +107,12 @@ def proportion_interval(
     variance_of_mean = statistics.variance(values) / len(values)
     bernoulli = mean * (1 - mean)
     pooled = math.inf if scored is None else len(values) * scored
-    effective = bernoulli / variance_of_mean if variance_of_mean > 0 else math.inf
+    if variance_of_mean > 0 and bernoulli > 0:
+        # For values in [0, 1], s² ≤ n/(n − 1) · p(1 − p), so this is at least n − 1 but
+        # for rounding.
+        effective = max(bernoulli / variance_of_mean, len(values) - 1)
+    else:  # no spread, or a mean that rounds to 0 or 1 (seeds 1.0 and 1 − 1e-16)
+        effective = math.inf
     effective = min(effective, pooled)
     if math.isinf(effective):
         return (mean, mean)  # no spread between seeds and no test-set size to bound it

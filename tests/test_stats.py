@@ -92,6 +92,13 @@ def test_the_proportion_interval_is_inside_zero_one_and_holds_the_mean(values, s
     assert 0.0 <= low <= mean + 1e-9 and mean - 1e-9 <= high <= 1.0
 
 
+def test_a_mean_that_rounds_to_an_end_does_not_divide_by_zero():
+    # found by hypothesis in CI: the mean of these rounds to exactly 1.0
+    assert proportion_interval([1.0, 0.9999999999999999]) == (1.0, 1.0)
+    low, high = proportion_interval([0.0, 1e-17], scored=100)
+    assert 0.0 == low <= high < 0.5
+
+
 def test_the_proportion_interval_is_close_to_the_t_interval_away_from_the_ends():
     values = [0.5, 0.56, 0.53]
     low, high = proportion_interval(values)
