@@ -28,8 +28,8 @@ from rich.progress import Progress
 from playground.errors import ConfigError, UnsupportedFeature
 from playground.model import ModelConfig, TransformerClassifier, describe
 from playground.registry import Registry
-from playground.stats import interval_half_width
-from playground.tasks import Task
+from playground.stats import interval_half_width, proportion_interval
+from playground.tasks import IGNORE, Task
 from playground.training import TrainConfig, evaluate, majority_rate, train
 
 DEFAULT_SEEDS = (0, 1, 2)
@@ -220,6 +220,8 @@ class SeedResult:
     majority: float
     final_train_loss: float
     model: dict[str, Any]
+    scored: int | None = None
+    """How many held-out predictions `accuracy` is the proportion of."""
     stage_scores: tuple[tuple[float, float], ...] = ()
     """(accuracy, majority baseline) on each curriculum stage's test split, after all
     the training."""
@@ -255,6 +257,7 @@ def train_seed(
         accuracy=evaluate(model, test_data, device=job.device),
         train_time_s=train_time_s,
         majority=majority_rate(test_data),
+        scored=int((test_data.labels != IGNORE).sum()),
         final_train_loss=statistics.fmean(result.losses[-20:]),
         model=describe(model),
         stage_scores=tuple(
@@ -275,15 +278,22 @@ def row_fields(
     curriculum = bool(prepared.stages)
 
     def scored(
-        task: Task, training: TrainConfig, scores: Sequence[tuple[float, float]]
+        task: Task,
+        training: TrainConfig,
+        scores: Sequence[tuple[float, float]],
+        predictions: int | None = None,
     ) -> dict[str, Any]:
         accuracies = [accuracy for accuracy, _ in scores]
+        low, high = proportion_interval(accuracies, predictions) or (None, None)
         return {
             "task": task.name,
             "task_options": dataclasses.asdict(task.options),
             "task_label": training_label(task.label, curriculum=curriculum, **shape),
             "accuracy_mean": statistics.fmean(accuracies),
             "accuracy_ci95": interval_half_width(accuracies),
+            "accuracy_ci95_low": low,
+            "accuracy_ci95_high": high,
+            "accuracy_scored": predictions,
             "accuracy_std": statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0,
             "accuracy_per_seed": accuracies,
             "chance": task.chance,
@@ -292,7 +302,13 @@ def row_fields(
             "batch_size": training.batch_size,
         }
 
-    fields = scored(prepared.task, prepared.training, [(r.accuracy, r.majority) for r in results])
+    predictions = {result.scored for result in results}
+    fields = scored(
+        prepared.task,
+        prepared.training,
+        [(r.accuracy, r.majority) for r in results],
+        predictions.pop() if len(predictions) == 1 else None,  # seeds' test sets agree
+    )
     fields.update(
         seeds=list(seeds),
         final_train_loss=statistics.fmean(result.final_train_loss for result in results),

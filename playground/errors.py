@@ -86,7 +86,8 @@ class HookError(PlaygroundError, ValueError):
 
 
 class ConfigError(PlaygroundError, ValueError):
-    """An option given to a variant is unknown, of the wrong type, or invalid."""
+    """An option given to a variant or a training run is unknown, of the wrong type, or
+    invalid."""
 
 
 class InvalidInput(PlaygroundError, ValueError):

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from rich.progress import Progress
 
 from playground import native
-from playground.errors import InvalidOutput
+from playground.errors import ConfigError, InvalidOutput
 from playground.model import TransformerClassifier
 from playground.tasks import IGNORE, TaskData
 
@@ -119,6 +119,12 @@ def train(
 ) -> TrainResult:
     """Run `config.steps` AdamW steps on `data`; batches are shuffled with `seed`.
     InvalidOutput at the first step whose loss is not finite (NaN or inf): the run diverged."""
+    if config.batch_size > len(data):  # the spec refuses this; a direct caller may not
+        raise ConfigError(
+            f"batch_size {config.batch_size} is more than the {len(data)} training examples "
+            f"({description}), so every step would train on all of them and record a batch "
+            f"size it never used; use a batch_size of at most {len(data)}"
+        )
     if torch.device(device).type == "cpu":
         native.prepare()  # a first build of the native kernels is not training time
     model.train()

@@ -7,6 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 import playground.plots.data as plot_data
 import playground.plots.run as plot_run_module
@@ -162,3 +163,59 @@ def test_cost_vs_accuracy_names_both_lengths_and_flags_exact_points(tmp_path):
     footnote = figure.get_supxlabel()
     assert "accuracy on each task at its own length" in footnote
     assert "exact attention at n=64" in footnote and "vanilla is exact" not in footnote
+
+
+def _hostile_registry(base="alibi", **hooks):
+    """The shipped registry plus 'hostile', `base` with the given hooks replaced."""
+    from playground.registry import Registry, VariantEntry
+
+    registry = Registry.discover(entry_points=False)
+    hostile = type("Hostile", (registry.get(base),), {"name": "hostile", **hooks})
+    registry.variants["hostile"] = VariantEntry(hostile, "tests/test_plots_robust.py")
+    return registry
+
+
+@pytest.mark.parametrize(
+    "hooks, named",
+    [
+        ({"logit_bias": lambda self, n_q, n_k: self.num_heads}, "logit_bias()"),
+        (
+            {
+                "logit_bias": lambda self, n_q, n_k: torch.full(
+                    (1, self.num_heads, n_q, n_k), float("nan")
+                )
+            },
+            "non-finite",
+        ),
+        ({"picture_options": classmethod(lambda cls, options, n: 1 / 0)}, "ZeroDivisionError"),
+    ],
+    ids=["wrong_shape", "nan", "picture_options_raises"],
+)
+def test_one_bad_bias_hook_loses_only_its_own_row(tmp_path, hooks, named):
+    from playground.plots import load_run
+    from playground.plots.patterns import relative_bias_figure
+
+    rows = [measurement(v, v, 64, "forward") for v in ("t5_relative", "hostile")]
+    run = load_run(write_run(tmp_path / "run", rows))
+    figure = relative_bias_figure(run, _hostile_registry(**hooks))
+    titles = {a.get_title() for a in figure.axes}
+    assert any(t.startswith("t5_relative") for t in titles)
+    assert not any(t.startswith("hostile") for t in titles)
+    footnote = " ".join(t.get_text() for t in figure.texts)
+    assert "hostile not drawn" in footnote and named in footnote
+
+
+def test_one_bad_pattern_hook_loses_only_its_own_panel(tmp_path):
+    from playground.plots import load_run
+    from playground.plots.patterns import attention_pattern_figure
+
+    def raising(self, query):
+        raise RuntimeError("synthetic pattern failure")
+
+    registry = _hostile_registry("linformer", pattern_weights=raising)
+    rows = [measurement(v, v, 64, "forward") for v in ("vanilla", "hostile")]
+    run = load_run(write_run(tmp_path / "run", rows))
+    figure = attention_pattern_figure(run, registry)
+    texts = [t.get_text() for a in figure.axes for t in a.texts]
+    assert any("hostile" in t and "could not be drawn" in t for t in texts)
+    assert any(a.get_title().startswith("vanilla") for a in figure.axes)

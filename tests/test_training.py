@@ -90,6 +90,12 @@ def test_measure_accuracy_returns_the_row_fields(bundled_registry: Registry) -> 
     assert row["accuracy_std"] >= 0 and row["train_time_s"] > 0
     assert row["chance"] == pytest.approx(1 / 7)
     assert row["model"]["shared_across_layers"] == []  # one layer: nothing to share with
+    # the proportion interval is recorded with the held-out predictions it rests on
+    from playground.stats import proportion_interval
+
+    assert row["accuracy_scored"] > 0
+    interval = proportion_interval(row["accuracy_per_seed"], row["accuracy_scored"])
+    assert (row["accuracy_ci95_low"], row["accuracy_ci95_high"]) == interval
 
 
 def test_measure_accuracy_is_repeatable_for_a_seed(bundled_registry: Registry) -> None:
@@ -127,3 +133,18 @@ def test_a_diverging_run_is_invalid_naming_the_non_finite_loss(
     with pytest.raises(InvalidOutput, match=pattern) as raised:
         measure_accuracy(bundled_registry, job, seeds=[0])
     assert failure_fields(raised.value)["status"] == "invalid"
+
+
+def test_a_batch_larger_than_the_data_is_refused_at_run_time(bundled_registry: Registry) -> None:
+    """The spec refuses it; a direct caller of `train` gets the same clear error instead
+    of every step silently training on everything."""
+    task = Lookback(seq_len=12, offset=2, vocab_size=8)
+    train_data, _ = task.split(seed=0, num_train=16, num_test=4)
+    config = ModelConfig(
+        vocab_size=task.vocab_size, num_classes=task.num_classes, max_seq_len=task.seq_len,
+        variant="vanilla", d_model=16, num_heads=2, target=task.target,
+    )  # fmt: skip
+    model = TransformerClassifier(config, bundled_registry)
+    with pytest.raises(ConfigError, match=r"batch_size 32 is more than the 16 training examples"):
+        train(model, train_data, TrainConfig(steps=1, batch_size=32), seed=0)
+    train(model, train_data, TrainConfig(steps=1, batch_size=16), seed=0)  # at most: fine

@@ -16,6 +16,7 @@ zero weight; float64 keeps real keys from underflowing).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -212,18 +213,24 @@ def relative_bias_figure(
         if row["variant"] in registry.names():
             points.setdefault(row["variant"], row.get("options") or {})
     biases: dict[str, np.ndarray] = {}
+    notes = []
     for name, original in points.items():
         torch.manual_seed(int(run.spec.get("seed", 0)))
-        fitted = checked_options_hook(registry.get(name), "picture_options", original, n)
         try:
+            fitted = checked_options_hook(registry.get(name), "picture_options", original, n)
             module, _ = _build(registry, name, fitted, d_model, num_heads)
             with torch.no_grad():
                 bias = checked_logit_bias(module, n, n)
-        except Exception:
+            if bias is not None and not torch.isfinite(bias).all():
+                raise ValueError("its logit_bias has non-finite values")
+        except Exception as error:  # one variant's failure must not lose the others
+            notes.append(f"{name} not drawn: {type(error).__name__}: {error}"[:300])
             continue
         if bias is not None:
             biases[name] = bias[0].double().numpy()  # (H, n, n)
     if not biases:
+        if notes:  # only failures: say so rather than leave the figure out in silence
+            warnings.warn("relative bias figure not drawn: " + "; ".join(notes), stacklevel=2)
         return None
     columns = min(BIAS_HEADS, num_heads)
     heads = np.linspace(0, num_heads - 1, columns).round().astype(int)
@@ -246,5 +253,5 @@ def relative_bias_figure(
             axes.set_title(f"{name}, head {head}", fontsize=9, color=readable(variant_colour(name)))
             _position_axes(axes, bias[head].shape, "key position j", first_column=index == 0)
         _bar_ticks(figure.colorbar(image, ax=line, shrink=0.7, label="bias"), -limit, limit, 5)
-    finish(figure, run, ["each variant's `logit_bias`; its own colour scale per row"])
+    finish(figure, run, ["each variant's `logit_bias`; its own colour scale per row", *notes])
     return figure
