@@ -219,3 +219,30 @@ def test_one_bad_pattern_hook_loses_only_its_own_panel(tmp_path):
     texts = [t.get_text() for a in figure.axes for t in a.texts]
     assert any("hostile" in t and "could not be drawn" in t for t in texts)
     assert any(a.get_title().startswith("vanilla") for a in figure.axes)
+
+
+def test_flagged_cells_are_drawn_hollow_with_a_legend_entry(tmp_path):
+    from playground.plots import load_run
+    from playground.plots.scaling import TIME, scaling_figure
+
+    rows = full_rows()
+    flagged = 0
+    for row in rows:
+        if row.get("seq_len") == 128 and row.get("status") == "ok" and "time_ms" in row:
+            row["flags"] = ["spread: IQR is 40 % of the median"]
+            flagged += 1
+    run = load_run(write_run(tmp_path / "run", rows))
+    figure = scaling_figure(run, TIME)
+    hollow = [
+        line
+        for axes in figure.axes
+        for line in axes.get_lines()
+        if line.get_markerfacecolor() == "white" and line.get_linestyle() == "None"
+    ]
+    assert sum(len(line.get_xdata()) for line in hollow) == flagged > 0
+    assert all(set(line.get_xdata()) == {128} for line in hollow)
+    assert any("flagged" in text.get_text() for text in figure.legends[0].get_texts())
+    plain = load_run(write_run(tmp_path / "plain", full_rows()))
+    assert not any(
+        "flagged" in t.get_text() for t in scaling_figure(plain, TIME).legends[0].get_texts()
+    )

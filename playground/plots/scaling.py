@@ -119,6 +119,7 @@ def scaling_figure(run: Run, metric: Metric) -> Figure | None:
     lengths = [row["seq_len"] for row in rows]
     statuses: set[str] = set()
     notes: list[str] = []
+    any_flagged = False
     for axes, pass_name in zip(figure.axes, passes, strict=True):
         anchors: list[tuple[int, float]] = []
         stack: dict[float, int] = {}
@@ -143,6 +144,23 @@ def scaling_figure(run: Run, metric: Metric) -> Figure | None:
                     label=series.legend + _exponent_text(run, label, metric),
                 )
                 anchors.extend(points)
+            flagged = [
+                (r["seq_len"], r[metric.key] * metric.scale)
+                for r in cells
+                if r["status"] == OK
+                and r.get("flags")
+                and _positive(r.get(metric.key), metric.log_y)
+            ]
+            if flagged:  # measured, but not to be trusted as drawn: hollow
+                axes.plot(
+                    *zip(*flagged, strict=True),
+                    linestyle="none",
+                    marker=series_marker(series),
+                    markersize=7,
+                    markerfacecolor="white",
+                    markeredgecolor=colour,
+                )
+                any_flagged = True
             failed = [(r["seq_len"], r["status"]) for r in cells if r["status"] != OK]
             mark_failures(axes, failed, colour, stack)
             statuses.update(status for _, status in failed)
@@ -161,6 +179,8 @@ def scaling_figure(run: Run, metric: Metric) -> Figure | None:
     if metric.exponent is not None and len(set(lengths)) > 1:
         title = "fitted exponent: " + " | ".join(PASS_TITLES.get(p, p) for p in passes)
     extra = status_handles(statuses)
+    if any_flagged:
+        extra.append(_FLAGGED_HANDLE)
     if not metric.log_y:
         extra.insert(0, _limit_handle(run))
         ok_values = [r.get(metric.key) for r in rows if r["status"] == OK]
@@ -183,6 +203,17 @@ def _positive(value: Any, log_y: bool) -> bool:
 _ABOVE_ONE = (
     "above 1.0: the FLOP model over-counts (forward + backward is taken as 3 × forward) or the "
     "variant's kernels beat the GEMM measured at the start of the run"
+)
+
+
+_FLAGGED_HANDLE = Line2D(
+    [],
+    [],
+    linestyle="none",
+    marker="o",
+    markerfacecolor="white",
+    markeredgecolor="0.3",
+    label="hollow: a flagged cell (its row's flags say why; see the report)",
 )
 
 
