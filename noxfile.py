@@ -245,7 +245,7 @@ def plots(session: nox.Session) -> None:
         session.run(
             PYTHON,
             "-m",
-            "playground.bench_history",
+            "playground.report.bench_history",
             BENCH_STORAGE,
             "--out",
             "results/benchmarks/bench_history.png",

@@ -1,10 +1,10 @@
-"""`python -m playground.bench`: the per-variant cost table, forward and forward+backward."""
+"""`python -m playground.cli.bench`: the per-variant cost table, forward and forward+backward."""
 
 from __future__ import annotations
 
 import pytest
 
-from playground import bench
+from playground.cli import bench
 
 
 @pytest.fixture

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 import playground.cli
-import playground.runner
+import playground.run.runner
 from playground.cli import main
 from playground.registry import configure
-from playground.results import RunStore
+from playground.run.store import RunStore
 
 TINY = """
     name = "tiny"
@@ -79,7 +79,7 @@ def test_ctrl_c_during_the_gemm_resumes_only_the_cells_asked_for(
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(playground.runner, "gemm_flops_per_second", interrupted)
+    monkeypatch.setattr(playground.run.runner, "gemm_flops_per_second", interrupted)
     argv = ["run", spec_path, "--variants", "vanilla", "--seq-lens", "8", "--threads", "1"]
     assert main([*argv, "--out", str(tmp_path)]) == 130
     run_dir = only_run_dir(tmp_path)

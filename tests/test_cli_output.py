@@ -10,8 +10,8 @@ from rich.console import Console
 
 from playground.cli import main
 from playground.registry import Registry, configure
-from playground.spec import load_spec
-from playground.summary import print_summary, summarize
+from playground.report.summary import print_summary, summarize
+from playground.run.spec import load_spec
 from tests.test_plots import failed, measurement
 
 

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from playground.accuracy import AccuracyJob
 from playground.errors import PlaygroundError
-from playground.executors import SeedPool, SeedTask
 from playground.registry import Registry
-from playground.results import RunStore
-from playground.runner import Runner
-from playground.spec import load_spec
+from playground.run.accuracy import AccuracyJob
+from playground.run.runner import Runner
+from playground.run.seeds import SeedPool, SeedTask
+from playground.run.spec import load_spec
+from playground.run.store import RunStore
 
 SPEC = """
     name = "packed"
@@ -142,7 +142,7 @@ def test_ctrl_c_stops_the_workers_and_propagates(tmp_path):
 
 
 def test_asking_for_ray_without_it_says_how_to_install_it(monkeypatch):
-    from playground.ray_executor import RayExecutor
+    from playground.run.executors.ray import RayExecutor
 
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
     with pytest.raises(PlaygroundError, match=r"pip install 'attention-playground\[ray\]'"):
@@ -307,7 +307,7 @@ def test_a_ray_address_where_no_cluster_can_answer_is_refused_at_once(address, p
     """Refused when the executor is made (before the run directory), naming the address
     and what to do, instead of Ray's minutes of retries or its raw traceback."""
     pytest.importorskip("ray")
-    from playground.ray_executor import RayExecutor
+    from playground.run.executors.ray import RayExecutor
 
     with pytest.raises(PlaygroundError, match=problem) as refused:
         RayExecutor(address)

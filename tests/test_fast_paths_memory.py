@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import playground
-from playground.measure import peak_memory_bytes
-from playground.runner import workload
+from playground.run.measure import peak_memory_bytes
+from playground.run.runner import workload
 
 N, D_MODEL, HEADS = 1024, 64, 8
 DENSE = HEADS * N * N * 4

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from playground.fidelity import BIDIRECTIONAL_REFERENCE, CAUSAL_REFERENCE, measure_fidelity
 from playground.registry import Registry
+from playground.run.fidelity import BIDIRECTIONAL_REFERENCE, CAUSAL_REFERENCE, measure_fidelity
 from playground.softmax_attention import ExactAttention
 
 D_MODEL, HEADS, N = 64, 4, 128

@@ -1,4 +1,4 @@
-"""playground.linear_layers: linear layers on oneDNN give F.linear's values and gradients
+"""playground.model.linear_layers: linear layers on oneDNN give F.linear's values and gradients
 (to float32 rounding), fall back to F.linear wherever oneDNN does not apply, and the model
 trains the same with either library."""
 
@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from playground import linear_layers
-from playground.linear_layers import FastLinear, linear, use_fast_linears
+from playground.model import linear_layers
+from playground.model.linear_layers import FastLinear, linear, use_fast_linears
 
 needs_onednn = pytest.mark.skipif(
     not linear_layers._onednn_op_available(), reason="this torch has no oneDNN linear"
@@ -155,7 +155,11 @@ def test_set_backend_and_the_environment_variable_reject_unknown_names():
         linear_layers.set_backend("mkl")  # type: ignore[arg-type]
     env = {**os.environ, linear_layers.VARIABLE: "fast"}
     result = subprocess.run(
-        [sys.executable, "-c", "from playground import linear_layers; linear_layers.backend()"],
+        [
+            sys.executable,
+            "-c",
+            "from playground.model import linear_layers; linear_layers.backend()",
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -180,10 +184,10 @@ def test_backend_follows_the_cpu_vendor_and_the_variable(monkeypatch):
 @needs_onednn
 def test_the_model_trains_the_same_on_either_library():
     """A few AdamW steps of the classifier: the same losses to float32 rounding."""
-    from playground.accuracy import AccuracyJob, prepare
-    from playground.model import TransformerClassifier
+    from playground.model.training import train
+    from playground.model.transformer import TransformerClassifier
     from playground.registry import Registry
-    from playground.training import train
+    from playground.run.accuracy import AccuracyJob, prepare
 
     registry = Registry.discover()
     job = AccuracyJob("vanilla", {}, "mqar", {"seq_len": 64, "num_pairs": 4}, steps=5)

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from playground.measure import (
+from playground.run.measure import (
     FLAG_BUSY,
     FLAG_EFFICIENCY_ABOVE_1,
     FLAG_FEW_RUNS,

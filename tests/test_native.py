@@ -1,4 +1,4 @@
-"""The native fused backwards (playground.native) against the dense float64 references and
+"""The native fused backwards (playground.kernels.native) against the dense float64 references and
 against the Python backwards they replace, in float32: for relative biases, gradients of
 q, k, v and the bias over lengths past its query tile, padding, causality, cross-attention
 and batches; for bands, gradients of queries, keys, values and prefix keys over the band
@@ -16,8 +16,7 @@ import warnings
 import pytest
 import torch
 
-from playground import native
-from playground.kernels import banded_attention, blocked_attention, relative_bias_attention
+from playground.kernels import banded_attention, blocked_attention, native, relative_bias_attention
 from tests.test_kernels import CASES, H, blocked_case, dense_banded, dense_blocked, dense_relative
 
 needs_native = pytest.mark.skipif(
@@ -101,7 +100,7 @@ def test_native_backward_catches_a_wrong_bias_gradient():
 def test_native_kernels_can_be_switched_off():
     """PLAYGROUND_NATIVE=0: nothing is built, the status says why, training still works."""
     code = (
-        "import torch; from playground import native; "
+        "import torch; from playground.kernels import native; "
         "from playground.kernels import relative_bias_attention as r; "
         "q = torch.randn(1, 2, 9, 4, requires_grad=True); b = torch.randn(2, 17, requires_grad=True); "
         "c = r(q, q, q, b, None, False, 0.5, 4); c.sum().backward(); "
@@ -448,7 +447,7 @@ def test_a_nan_score_gives_nan_not_a_dropped_key(path, monkeypatch):
 
 @pytest.fixture
 def fresh_native(monkeypatch):
-    """`playground.native` as a new process finds it: nothing loaded or decided yet."""
+    """`playground.kernels.native` as a new process finds it: nothing loaded or decided yet."""
     monkeypatch.setattr(native, "_module", None)
     monkeypatch.setattr(native, "_status", None)
     monkeypatch.delenv(native.DISABLE_VARIABLE, raising=False)
@@ -536,7 +535,9 @@ def test_a_build_in_another_process_is_waited_for_a_bounded_time(
     finally:
         holder.kill()
         holder.wait()
-    assert "waiting for another process's build of playground.native" in capfd.readouterr().err
+    assert (
+        "waiting for another process's build of playground.kernels.native" in capfd.readouterr().err
+    )
 
 
 @needs_native
@@ -554,7 +555,7 @@ def test_a_truncated_library_is_rebuilt_not_loaded(tmp_path):
         handle.truncate(library.stat().st_size // 2)
     assert not native._finished(copy)
     code = (
-        "import warnings; from playground import native\n"
+        "import warnings; from playground.kernels import native\n"
         "def refused(directory): raise RuntimeError('rebuild refused by the test')\n"
         "native._compile = refused\n"
         "with warnings.catch_warnings(record=True) as caught:\n"
@@ -569,5 +570,5 @@ def test_a_truncated_library_is_rebuilt_not_loaded(tmp_path):
     )
     assert finished.returncode == 0, (finished.returncode, finished.stderr[-2000:])
     assert "None build failed: RuntimeError: rebuild refused" in finished.stdout
-    assert "warned: ['playground.native could not be built" in finished.stdout
-    assert "building playground.native (first use" in finished.stderr
+    assert "warned: ['playground.kernels.native could not be built" in finished.stdout
+    assert "building playground.kernels.native (first use" in finished.stderr

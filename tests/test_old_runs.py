@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from playground.cli import main
-from playground.plots import plot_run
 from playground.registry import default_registry
-from playground.report import write_report
-from playground.results import RunStore
-from playground.runner import plan
-from playground.spec import load_spec
+from playground.report.pages import write_report
+from playground.report.plots import plot_run
+from playground.run.runner import plan
+from playground.run.spec import load_spec
+from playground.run.store import RunStore
 
 DATA = Path(__file__).parent / "data"
 EXPERIMENTS = Path(__file__).parents[1] / "experiments"

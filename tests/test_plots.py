@@ -15,9 +15,9 @@ from matplotlib.colors import to_hex
 from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 
-from playground.plots import PlotError, figures, load_run, plot_run, variant_colour
-from playground.plots.style import STATUS_MARKERS
 from playground.registry import Registry
+from playground.report.plots import PlotError, figures, load_run, plot_run, variant_colour
+from playground.report.plots.style import STATUS_MARKERS
 
 D_MODEL, HEADS = 32, 4
 SPEC = 'name = "synthetic"\ndescription = "made up"\nseed = 0\n'

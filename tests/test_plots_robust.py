@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import playground.plots.data as plot_data
-import playground.plots.run as plot_run_module
-from playground.plots import plot_run
-from playground.report import write_report
+import playground.report.plots.data as plot_data
+import playground.report.plots.figures as plot_run_module
+from playground.report.pages import write_report
+from playground.report.plots import plot_run
 from tests.test_plots import accuracy, failed, full_rows, measurement, write_run
 
 
@@ -106,7 +106,7 @@ def test_report_lists_plugins_that_failed_to_load(tmp_path):
 
 
 def test_forty_variants_get_forty_colours(tmp_path):
-    from playground.plots import figures, load_run, variant_colour
+    from playground.report.plots import figures, load_run, variant_colour
 
     rows = [measurement(f"v{i}", f"v{i}", 64, "forward") for i in range(40)]
     run = load_run(write_run(tmp_path / "run", rows))
@@ -115,9 +115,9 @@ def test_forty_variants_get_forty_colours(tmp_path):
 
 
 def _relative_bias(tmp_path):
-    from playground.plots import load_run
-    from playground.plots.patterns import relative_bias_figure
     from playground.registry import Registry
+    from playground.report.plots import load_run
+    from playground.report.plots.patterns import relative_bias_figure
 
     rows = [measurement(v, v, 64, "forward") for v in ("t5_relative", "alibi")]
     run = load_run(write_run(tmp_path / "run", rows))
@@ -141,7 +141,7 @@ def test_relative_bias_labels_do_not_overlap_next_row_titles(tmp_path):
 def test_pattern_titles_are_readable_on_white(tmp_path):
     from matplotlib.colors import to_rgb
 
-    from playground.plots.style import _contrast_on_white
+    from playground.report.plots.style import _contrast_on_white
 
     figure = _relative_bias(tmp_path)
     for axes in figure.axes:
@@ -150,8 +150,8 @@ def test_pattern_titles_are_readable_on_white(tmp_path):
 
 
 def test_cost_vs_accuracy_names_both_lengths_and_flags_exact_points(tmp_path):
-    from playground.plots import load_run
-    from playground.plots.accuracy import cost_accuracy_figure
+    from playground.report.plots import load_run
+    from playground.report.plots.accuracy import cost_accuracy_figure
 
     rows = full_rows()
     for row in rows:  # the linformer k=8 point is exact at n=64, the tasks' length
@@ -192,8 +192,8 @@ def _hostile_registry(base="alibi", **hooks):
     ids=["wrong_shape", "nan", "picture_options_raises"],
 )
 def test_one_bad_bias_hook_loses_only_its_own_row(tmp_path, hooks, named):
-    from playground.plots import load_run
-    from playground.plots.patterns import relative_bias_figure
+    from playground.report.plots import load_run
+    from playground.report.plots.patterns import relative_bias_figure
 
     rows = [measurement(v, v, 64, "forward") for v in ("t5_relative", "hostile")]
     run = load_run(write_run(tmp_path / "run", rows))
@@ -206,8 +206,8 @@ def test_one_bad_bias_hook_loses_only_its_own_row(tmp_path, hooks, named):
 
 
 def test_one_bad_pattern_hook_loses_only_its_own_panel(tmp_path):
-    from playground.plots import load_run
-    from playground.plots.patterns import attention_pattern_figure
+    from playground.report.plots import load_run
+    from playground.report.plots.patterns import attention_pattern_figure
 
     def raising(self, query):
         raise RuntimeError("synthetic pattern failure")
@@ -222,8 +222,8 @@ def test_one_bad_pattern_hook_loses_only_its_own_panel(tmp_path):
 
 
 def test_flagged_cells_are_drawn_hollow_with_a_legend_entry(tmp_path):
-    from playground.plots import load_run
-    from playground.plots.scaling import TIME, scaling_figure
+    from playground.report.plots import load_run
+    from playground.report.plots.scaling import TIME, scaling_figure
 
     rows = full_rows()
     flagged = 0

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from playground.registry import Registry
-from playground.results import RunStore
-from playground.runner import LocalExecutor, Runner, plan
-from playground.spec import load_spec
-from playground.summary import node_facts
+from playground.report.summary import node_facts
+from playground.run.runner import LocalExecutor, Runner, plan
+from playground.run.spec import load_spec
+from playground.run.store import RunStore
 from tests.test_executors import DYING_PLUGIN, variants_table
 
 ray = pytest.importorskip("ray")
@@ -30,7 +30,7 @@ ray = pytest.importorskip("ray")
 # its warm worker processes) instead of each starting its own.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
-from playground.ray_executor import RayExecutor  # noqa: E402
+from playground.run.executors.ray import RayExecutor  # noqa: E402
 
 SPEC = """
     name = "onray"

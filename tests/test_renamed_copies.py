@@ -27,16 +27,16 @@ import pytest
 import torch
 
 from playground.contract import AttentionVariant
-from playground.fidelity import measure_fidelity
-from playground.model import ModelConfig, TransformerClassifier, describe
-from playground.plots.patterns import _weights
-from playground.plots.run import plot_run
+from playground.model.transformer import ModelConfig, TransformerClassifier, describe
 from playground.registry import Registry, bundled_dir, configure
-from playground.report import write_report
-from playground.results import RunStore
-from playground.runner import Runner
+from playground.report.pages import write_report
+from playground.report.plots.figures import plot_run
+from playground.report.plots.patterns import _weights
+from playground.run.fidelity import measure_fidelity
+from playground.run.runner import Runner
+from playground.run.spec import load_spec
+from playground.run.store import RunStore
 from playground.softmax_attention import ExactAttention
-from playground.spec import load_spec
 from tests.test_core_names import core_vocabulary
 
 PLUGINS = sorted(p for p in bundled_dir("plugins").glob("*.py") if not p.name.startswith("_"))
@@ -270,6 +270,6 @@ def test_the_comparison_fails_when_the_core_special_cases_a_name(copies, monkeyp
         }
         variant.load_state_dict(update, strict=False)
 
-    monkeypatch.setattr("playground.fidelity.copy_reference_weights", copy_by_name)
+    monkeypatch.setattr("playground.run.fidelity.copy_reference_weights", copy_by_name)
     with pytest.raises(AssertionError):
         same_fidelity(registry, longformer)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from playground.plots import PlotError, plot_run
 from playground.registry import Registry
-from playground.report import write_report
+from playground.report.pages import write_report
+from playground.report.plots import PlotError, plot_run
 from tests.test_plots import accuracy, failed, measurement, write_run
 
 VOID = {"meta", "img", "br", "hr", "link", "input"}

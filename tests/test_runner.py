@@ -11,13 +11,13 @@ import textwrap
 import pytest
 import torch
 
-from playground.accuracy import AccuracyJob, prepare
 from playground.cli import main
 from playground.registry import Registry, configure
-from playground.results import RunStore
-from playground.runner import Runner, plan
-from playground.spec import SpecError, load_spec
-from playground.summary import exponents, scaling_fits, summarize, write_summary
+from playground.report.summary import exponents, scaling_fits, summarize, write_summary
+from playground.run.accuracy import AccuracyJob, prepare
+from playground.run.runner import Runner, plan
+from playground.run.spec import SpecError, load_spec
+from playground.run.store import RunStore
 
 FLAKY_PLUGIN = """
     import playground
@@ -524,7 +524,7 @@ def test_a_curriculum_trains_one_model_and_records_a_row_for_each_stage(spec_fil
 
 def test_a_curriculum_stage_trains_the_model_the_task_then_starts_from(registry):
     """The stage's steps reach the model: with them, the task's test score moves."""
-    from playground.accuracy import Stage, train_seed
+    from playground.run.accuracy import Stage, train_seed
 
     base = AccuracyJob("vanilla", {}, "mqar", {"seq_len": 24}, steps=1, batch_size=4)
     staged = dataclasses.replace(
@@ -539,7 +539,7 @@ def test_a_curriculum_stage_trains_the_model_the_task_then_starts_from(registry)
 
 def test_a_stage_generates_only_the_examples_its_schedule_draws(registry, monkeypatch):
     """A stage of 2 × 4 examples draws a test split's worth (1024), not the task's 40 000."""
-    from playground.accuracy import Stage, train_seed
+    from playground.run.accuracy import Stage, train_seed
     from playground.tasks import Task
 
     asked = []

@@ -13,7 +13,7 @@ import pytest
 
 from playground.cli import main
 from playground.registry import configure
-from playground.results import REJECTED, DamagedRun, RunStore
+from playground.run.store import REJECTED, DamagedRun, RunStore
 
 TINY = """
     name = "tiny"

@@ -17,9 +17,17 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-import playground.runner as runner_module
-from playground.fidelity import CAUSAL_REFERENCE
-from playground.measure import (
+import playground.run.runner as runner_module
+from playground.registry import Registry, configure
+from playground.report.summary import (
+    exponent_cells,
+    print_summary,
+    summarize,
+    summary_cells,
+    write_summary,
+)
+from playground.run.fidelity import CAUSAL_REFERENCE
+from playground.run.measure import (
     FLAG_BUSY,
     FLAG_EFFICIENCY_ABOVE_1,
     FLAG_FEW_RUNS,
@@ -27,17 +35,9 @@ from playground.measure import (
     FLAG_LARGE_SPREAD,
     FLAG_PASS_ORDER,
 )
-from playground.registry import Registry, configure
-from playground.results import LOCK, RunLocked, RunStore
-from playground.runner import Runner
-from playground.spec import apply_overrides, load_spec
-from playground.summary import (
-    exponent_cells,
-    print_summary,
-    summarize,
-    summary_cells,
-    write_summary,
-)
+from playground.run.runner import Runner
+from playground.run.spec import apply_overrides, load_spec
+from playground.run.store import LOCK, RunLocked, RunStore
 
 TINY = """
     name = "tiny"

@@ -15,10 +15,10 @@ import torch
 
 from playground.cli import main
 from playground.registry import Registry, bundled_dir, configure
-from playground.results import RunStore
-from playground.runner import Runner, plan
-from playground.spec import SpecError, apply_overrides, load_spec
-from playground.summary import summarize
+from playground.report.summary import summarize
+from playground.run.runner import Runner, plan
+from playground.run.spec import SpecError, apply_overrides, load_spec
+from playground.run.store import RunStore
 
 # Each variant breaks the contract in one way, only when asked to (so the contract suite,
 # which builds with defaults, is not what these tests are about).

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from playground import scaffold
-from playground.cli import main
+from playground.cli import main, scaffold
+from playground.cli.scaffold import create_variant
 from playground.errors import PlaygroundError
 from playground.registry import Registry, configure
-from playground.scaffold import create_variant
 from playground.testing import check_attention
 
 ROOT = Path(__file__).resolve().parent.parent

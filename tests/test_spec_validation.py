@@ -11,7 +11,7 @@ import pytest
 
 from playground.cli import main
 from playground.registry import Registry
-from playground.spec import SpecError, apply_overrides, load_spec
+from playground.run.spec import SpecError, apply_overrides, load_spec
 
 TINY = """
 name = "tiny"

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from playground.stats import (
+from playground.run.stats import (
     accuracy_bounds,
     accuracy_error_bar,
     accuracy_interval,

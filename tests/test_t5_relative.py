@@ -242,8 +242,8 @@ def test_contract_suite_with_default_options():
 def test_training_memory_stays_below_one_dense_score_matrix():
     """Backward recomputes each query block, so forward+backward never holds the
     (H, n, n) probabilities of all blocks at once."""
-    from playground.measure import peak_memory_bytes
-    from playground.runner import workload
+    from playground.run.measure import peak_memory_bytes
+    from playground.run.runner import workload
 
     def peak(n: int, block_size: int) -> int:
         module = playground.build("t5_relative", d_model=64, num_heads=8, block_size=block_size)

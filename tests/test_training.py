@@ -8,15 +8,21 @@ import itertools
 import pytest
 import torch
 
-from playground.accuracy import AccuracyJob, measure_accuracy
 from playground.errors import ConfigError, UnknownVariant
-from playground.model import ModelConfig, TransformerClassifier
+from playground.model.training import (
+    TrainConfig,
+    evaluate,
+    learning_rate_factor,
+    majority_rate,
+    train,
+)
+from playground.model.transformer import ModelConfig, TransformerClassifier
 from playground.registry import Registry
+from playground.run.accuracy import AccuracyJob, measure_accuracy
 from playground.tasks import Task
 from playground.tasks.listops import ListOps
 from playground.tasks.mqar import MQAR
 from playground.tasks.positional import Lookback
-from playground.training import TrainConfig, evaluate, learning_rate_factor, majority_rate, train
 
 
 @pytest.fixture(autouse=True)
@@ -91,7 +97,7 @@ def test_measure_accuracy_returns_the_row_fields(bundled_registry: Registry) -> 
     assert row["chance"] == pytest.approx(1 / 7)
     assert row["model"]["shared_across_layers"] == []  # one layer: nothing to share with
     # the proportion interval is recorded with the held-out predictions it rests on
-    from playground.stats import proportion_interval
+    from playground.run.stats import proportion_interval
 
     assert row["accuracy_scored"] > 0
     interval = proportion_interval(row["accuracy_per_seed"], row["accuracy_scored"])

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 
 from playground.registry import default_registry
-from playground.runner import BACKWARD_FLOPS_FACTOR
-from playground.runner import workload as runner_workload
-from playground.spec import Spec, VariantPoint
+from playground.run.runner import BACKWARD_FLOPS_FACTOR
+from playground.run.runner import workload as runner_workload
+from playground.run.spec import Spec, VariantPoint
 from tests.benchmarks.slowdown import injected_slowdowns, slowed_down
 
 

@@ -26,10 +26,10 @@ from typing import Any
 import pytest
 import torch
 
-from playground.measure import gemm_flops_per_second
 from playground.registry import default_registry
-from playground.results import environment
-from playground.spec import Spec, VariantPoint, load_spec
+from playground.run.measure import gemm_flops_per_second
+from playground.run.spec import Spec, VariantPoint, load_spec
+from playground.run.store import environment
 from tests.benchmarks.calls import labelled_points
 
 SEQ_LENS_ENV = "PLAYGROUND_BENCH_SEQ_LENS"

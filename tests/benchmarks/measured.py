@@ -15,8 +15,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from playground.bench_history import read_saved_run
 from playground.errors import PlaygroundError
+from playground.report.bench_history import read_saved_run
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -27,8 +27,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from playground.bench_history import SavedRun, load_saved_runs, newest_baseline, read_saved_run
 from playground.errors import PlaygroundError
+from playground.report.bench_history import (
+    SavedRun,
+    load_saved_runs,
+    newest_baseline,
+    read_saved_run,
+)
 
 COMPARABLE = ("system", "machine", "torch_version", "torch_threads", "device", "device_name")
 """machine_info keys that must agree: each changes what the allocator is asked for."""

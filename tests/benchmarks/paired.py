@@ -224,7 +224,7 @@ def serve(requests: IO[str], answers: IO[str], device: str) -> None:
     import playground
     from playground.errors import UnsupportedFeature
     from playground.registry import default_registry
-    from playground.spec import load_spec
+    from playground.run.spec import load_spec
     from tests.benchmarks.calls import build_call, labelled_points
 
     spec = load_spec("quick", default_registry())

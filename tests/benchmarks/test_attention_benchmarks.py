@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 
 from playground.errors import UnsupportedFeature
-from playground.measure import peak_memory_bytes
+from playground.run.measure import peak_memory_bytes
 from tests.benchmarks.calls import build_call
 from tests.benchmarks.conftest import BenchSettings
 from tests.benchmarks.reference import InterleavedReference, duration_s, rounds_for

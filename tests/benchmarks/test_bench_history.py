@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from matplotlib.image import imread
 
-from playground.bench_history import (
+from playground.errors import PlaygroundError
+from playground.report.bench_history import (
     largest_steps,
     load_saved_runs,
     main,
@@ -14,7 +15,6 @@ from playground.bench_history import (
     normalised_time,
     plot_history,
 )
-from playground.errors import PlaygroundError
 from tests.benchmarks.saved_runs import save_run
 
 PEAKS = {

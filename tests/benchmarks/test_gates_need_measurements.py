@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from playground.bench_history import is_measured, newest_baseline, plot_history
 from playground.errors import PlaygroundError
+from playground.report.bench_history import is_measured, newest_baseline, plot_history
 from tests.benchmarks import measured, memory_gate, time_gate
 from tests.benchmarks.paired import PairedRounds
 from tests.benchmarks.saved_runs import save_run

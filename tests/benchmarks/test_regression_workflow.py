@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from playground.bench_history import load_saved_runs
+from playground.report.bench_history import load_saved_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 SEQ_LEN = 256

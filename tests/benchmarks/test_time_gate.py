@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from playground.bench_history import normalised_time, read_saved_run
 from playground.errors import PlaygroundError
+from playground.report.bench_history import normalised_time, read_saved_run
 from tests.benchmarks import paired as paired_module
 from tests.benchmarks import time_gate
 from tests.benchmarks.paired import PairedMeasurer, PairedRounds

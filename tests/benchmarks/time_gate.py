@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from playground.bench_history import SavedRun, newest_baseline, read_saved_run
 from playground.errors import PlaygroundError
+from playground.report.bench_history import SavedRun, newest_baseline, read_saved_run
 from tests.benchmarks.memory_gate import incomparable
 from tests.benchmarks.paired import PairedMeasurer, PairedRounds
 

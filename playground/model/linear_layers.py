@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from playground.cpu import cpuinfo_field
+from playground.model.cpu import cpuinfo_field
 
 Backend = Literal["onednn", "blas"]
 VARIABLE = "PLAYGROUND_LINEAR"
@@ -152,7 +152,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 class FastLinear(nn.Linear):
-    """An `nn.Linear` whose forward is `playground.linear_layers.linear`."""
+    """An `nn.Linear` whose forward is `playground.model.linear_layers.linear`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)

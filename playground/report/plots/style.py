@@ -20,8 +20,8 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import LogFormatter
 from matplotlib.transforms import blended_transform_factory
 
-from playground.plots.data import Run, Series, declared
-from playground.summary import PASS_TITLES
+from playground.report.plots.data import Run, Series, declared
+from playground.report.summary import PASS_TITLES
 
 __all__ = ["PASS_TITLES"]  # re-exported: the figures and the benchmark history use it
 

@@ -5,7 +5,7 @@ Every variant of the run is rebuilt from its first point's options as fitted to 
 `PATTERN_LENGTH`-token picture by its `picture_options` hook (a window narrower than the
 picture, so the band shows). All share the projections of one exact attention instance
 (`ExactAttention`) with W_k = W_q and see AR(1) tokens, the "local" inputs of
-`playground.fidelity`: exact attention is then visibly local, so a band or a low-rank mix
+`playground.run.fidelity`: exact attention is then visibly local, so a band or a low-rank mix
 stands out against it.
 
 A variant that cannot return weights is drawn from its `pattern_weights` hook when it
@@ -34,10 +34,10 @@ from playground.contract import (
     checked_pattern_weights,
 )
 from playground.errors import PlaygroundError
-from playground.fidelity import LOCAL_SCALE, copy_reference_weights, local_tokens
-from playground.plots.data import Run, declared, format_value
-from playground.plots.style import PANEL_SIZE, finish, readable, variant_colour
 from playground.registry import Registry, default_registry
+from playground.report.plots.data import Run, declared, format_value
+from playground.report.plots.style import PANEL_SIZE, finish, readable, variant_colour
+from playground.run.fidelity import LOCAL_SCALE, copy_reference_weights, local_tokens
 from playground.softmax_attention import ExactAttention
 
 PATTERN_LENGTH = 64

@@ -7,7 +7,7 @@
         overrides.json  the command line's --variants, --seq-lens, --threads, ... (resume
                         applies them again); it and spec.toml are written first, before
                         the GEMM is measured, so any interrupted run can be resumed
-        summary.csv     derived from results.jsonl (playground.summary): costs
+        summary.csv     derived from results.jsonl (playground.report.summary): costs
         accuracy.csv    derived too: accuracy per variant and task (when measured)
         results.rejected.jsonl   lines `playground repair` moved out of results.jsonl
         run.lock        held (fcntl.flock) by the one process measuring the run; it holds
@@ -40,9 +40,10 @@ from typing import Any
 import torch
 
 import playground
-from playground import linear_layers, native
-from playground.cpu import cpuinfo_field
 from playground.errors import PlaygroundError
+from playground.kernels import native
+from playground.model import linear_layers
+from playground.model.cpu import cpuinfo_field
 
 try:
     import fcntl
@@ -215,7 +216,7 @@ class RunStore:
     @classmethod
     def create(cls, out: str | os.PathLike[str], experiment: str) -> RunStore:
         """A new, empty run directory under out/<experiment>/; `experiment` is a name,
-        never a path (see playground.spec.name_problem)."""
+        never a path (see playground.run.spec.name_problem)."""
         root = Path(out)
         parent = root / experiment
         if Path(experiment).name != experiment or experiment in ("", ".", ".."):

@@ -30,8 +30,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from playground.fidelity import CAUSAL_REFERENCE
-from playground.measure import (
+from playground.run.fidelity import CAUSAL_REFERENCE
+from playground.run.measure import (
     FLAG_EFFICIENCY_ABOVE_1,
     FLAG_MEANINGS,
     FLAG_PASS_ORDER,
@@ -41,8 +41,8 @@ from playground.measure import (
     cost_flags,
     fit_scaling,
 )
-from playground.results import ACCURACY, ENV, SPEC, SUMMARY, DamagedRun, RunStore
-from playground.stats import accuracy_bounds, format_interval
+from playground.run.stats import accuracy_bounds, format_interval
+from playground.run.store import ACCURACY, ENV, SPEC, SUMMARY, DamagedRun, RunStore
 
 OK = "ok"
 PASS_TITLES = {"forward": "forward", "forward_backward": "forward + backward"}

@@ -35,13 +35,13 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from playground import native
-from playground.accuracy import AccuracyJob, Prepared, measure_accuracy, prepare, row_fields
 from playground.contract import AttentionOutput, AttentionVariant
 from playground.errors import InvalidOutput, PlaygroundError, failure_fields
-from playground.executors import SeedLane, SeedOutcome, SeedPool, SeedTask, usable_cpus
-from playground.fidelity import measure_fidelity
-from playground.measure import (
+from playground.kernels import native
+from playground.registry import Registry
+from playground.run.accuracy import AccuracyJob, Prepared, measure_accuracy, prepare, row_fields
+from playground.run.fidelity import measure_fidelity
+from playground.run.measure import (
     FLAG_FLOPS_NOT_FINITE,
     cost_flags,
     cpu_count,
@@ -52,9 +52,9 @@ from playground.measure import (
     time_call,
     using_threads,
 )
-from playground.registry import Registry
-from playground.results import ENV, OVERRIDES, SPEC, RunLock, RunStore, environment
-from playground.spec import Spec, TaskRun, VariantPoint
+from playground.run.seeds import SeedLane, SeedOutcome, SeedPool, SeedTask, usable_cpus
+from playground.run.spec import Spec, TaskRun, VariantPoint
+from playground.run.store import ENV, OVERRIDES, SPEC, RunLock, RunStore, environment
 
 BACKWARD_FLOPS_FACTOR = 3
 """forward + backward ≈ 3 × forward FLOPs (the backward computes two products per
@@ -658,7 +658,7 @@ def executor_for(spec: Spec) -> Executor:
     """The executor a spec names; PlaygroundError saying how to install Ray when it names
     ray and Ray is missing."""
     if spec.executor == "ray":
-        from playground.ray_executor import RayExecutor
+        from playground.run.executors.ray import RayExecutor
 
         return RayExecutor(spec.address)
     return LocalExecutor()

@@ -12,8 +12,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from playground.plots.data import OK, Run
-from playground.plots.style import (
+from playground.report.plots.data import OK, Run
+from playground.report.plots.style import (
     PANEL_SIZE,
     failure_note,
     finish,
@@ -25,7 +25,7 @@ from playground.plots.style import (
     series_marker,
     status_handles,
 )
-from playground.stats import accuracy_error_bar
+from playground.run.stats import accuracy_error_bar
 
 CHANCE_STYLE = dict(color="0.15", linestyle="--", linewidth=1.2)
 

@@ -1,7 +1,7 @@
 """Cost of variants at growing sequence lengths, in one process:
 
-    python -m playground.bench --variants vanilla,longformer --seq-lens 2048,4096,8192,16384
-    python -m playground.bench --variants alibi --pass forward_backward --option alibi.learnable_slopes=true
+    python -m playground.cli.bench --variants vanilla,longformer --seq-lens 2048,4096,8192,16384
+    python -m playground.cli.bench --variants alibi --pass forward_backward --option alibi.learnable_slopes=true
 
 For each (variant, n): median time of the pass, efficiency (useful FLOP/s from the
 variant's own `flops()`, projections included, ×3 for forward+backward, ÷ the FLOP/s of a
@@ -29,7 +29,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from playground.errors import PlaygroundError, UnsupportedFeature
-from playground.measure import (
+from playground.registry import default_registry
+from playground.run.measure import (
     FLAG_MEANINGS,
     cost_flags,
     cpu_count,
@@ -40,8 +41,7 @@ from playground.measure import (
     resolve_threads,
     time_call,
 )
-from playground.registry import default_registry
-from playground.runner import BACKWARD_FLOPS_FACTOR, Workload
+from playground.run.runner import BACKWARD_FLOPS_FACTOR, Workload
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _main(argv: list[str] | None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m playground.bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m playground.cli.bench", description=__doc__)
     parser.add_argument("--variants", default=None, help="comma-separated (default: all)")
     parser.add_argument("--seq-lens", default="2048,4096,8192,16384")
     parser.add_argument(

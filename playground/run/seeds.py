@@ -39,10 +39,10 @@ from typing import Any, Protocol
 
 import torch
 
-from playground import native
-from playground.accuracy import AccuracyJob, SeedResult, prepare, train_seed
 from playground.errors import failure_fields
+from playground.kernels import native
 from playground.registry import LoadStep, Registry
+from playground.run.accuracy import AccuracyJob, SeedResult, prepare, train_seed
 
 RETRIES = 1
 """Further attempts, alone, for a seed whose worker died under it."""

@@ -9,13 +9,13 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from playground.plots.accuracy import accuracy_figure, cost_accuracy_figure
-from playground.plots.data import PlotError, Run, load_run
-from playground.plots.fidelity import fidelity_figures
-from playground.plots.patterns import attention_pattern_figure, relative_bias_figure
-from playground.plots.scaling import METRICS, scaling_figure
-from playground.plots.style import FORMATS, assign_colours, save
 from playground.registry import Registry
+from playground.report.plots.accuracy import accuracy_figure, cost_accuracy_figure
+from playground.report.plots.data import PlotError, Run, load_run
+from playground.report.plots.fidelity import fidelity_figures
+from playground.report.plots.patterns import attention_pattern_figure, relative_bias_figure
+from playground.report.plots.scaling import METRICS, scaling_figure
+from playground.report.plots.style import FORMATS, assign_colours, save
 
 FIGURES_DIR = "figures"
 """Where plot_run writes by default: <run_dir>/figures/."""

@@ -12,9 +12,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, NullLocator
 
-from playground.plots.data import OK, Run, format_value, swept_options
-from playground.plots.scaling import set_length_axis
-from playground.plots.style import (
+from playground.report.plots.data import OK, Run, format_value, swept_options
+from playground.report.plots.scaling import set_length_axis
+from playground.report.plots.style import (
     finish,
     legend,
     log_axis,

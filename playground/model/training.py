@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from rich.progress import Progress
 
-from playground import native
 from playground.errors import ConfigError, InvalidOutput
-from playground.model import TransformerClassifier
+from playground.kernels import native
+from playground.model.transformer import TransformerClassifier
 from playground.tasks import IGNORE, TaskData
 
 

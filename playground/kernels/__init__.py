@@ -15,7 +15,7 @@ variant keeps its projections, its rules for which token is which, and its outpu
   `hankel_biased_attention` per block when T needs a gradient.
 
 All are differentiable (twice, through torch's own operations under create_graph=True),
-built on torch's fused attention kernels and `playground.native`'s.
+built on torch's fused attention kernels and `playground.kernels.native`'s.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch.utils.checkpoint import checkpoint
 
-from playground import native
+from playground.kernels import native
 from playground.masks import masked_softmax
 
 BAND_BLOCK = 64
@@ -199,7 +199,7 @@ class _Band:
         ]
 
     def native_layout(self, mask: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The blocks as `playground.native` takes them: (blocks, 4) int64 (`blocks()`),
+        """The blocks as `playground.kernels.native` takes them: (blocks, 4) int64 (`blocks()`),
         and the mask (B, blocks, block, span) as one (B, 1, block, span) view per block."""
         return torch.tensor(self.blocks(), dtype=torch.long), list(mask[:, :, None].unbind(1))
 
@@ -216,13 +216,13 @@ class _Band:
 
 def _by_head(blocks: torch.Tensor) -> torch.Tensor:
     """(B, blocks, H, block, ·) -> (B, H, blocks·block, ·), a view when it can be: how
-    `playground.native` reads the band's queries, outputs and their gradients."""
+    `playground.kernels.native` reads the band's queries, outputs and their gradients."""
     return blocks.transpose(1, 2).flatten(2, 3)
 
 
 def _keys_and_values(buffer: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The band's buffer (B, R, 2E), or its gradient, as keys and values (B, H, R, d),
-    views: how `playground.native` reads them."""
+    views: how `playground.kernels.native` reads them."""
     pair = buffer.unflatten(-1, (2, num_heads, -1)).transpose(1, 3)  # (B, H, 2, R, d)
     return pair[:, :, 0], pair[:, :, 1]
 
@@ -233,7 +233,7 @@ def _span_heads(spans: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 class _FlashBand(torch.autograd.Function):
-    """`banded_attention` on CPU: in float32 where `playground.native` is built, its
+    """`banded_attention` on CPU: in float32 where `playground.kernels.native` is built, its
     blocked forward and backward over the blocks' spans (strided views of the key buffer,
     never copied per block), the backward adding each span's key and value gradients in
     place onto the buffer's; elsewhere one flash call per sequence forward and
@@ -320,7 +320,7 @@ class _FlashBand(torch.autograd.Function):
     @staticmethod
     def native_backward(q, buffer, mask, out, log_sum_exp, grad_out, band):
         """The context's gradient (B, N, E) and the buffer's (B, chunks·rows, 2E) from
-        `playground.native`'s blocked backward, which adds each span's key and value
+        `playground.kernels.native`'s blocked backward, which adds each span's key and value
         gradients in place onto the buffer's: (B, blocks, H, block, ·) tensors are read
         as (B, H, blocks·block, ·), the buffer's keys and values as (B, H, rows, d)."""
         heads = q.shape[2]
@@ -430,7 +430,7 @@ Block = tuple[int, int, int, int]
 
 
 class _FlashBlocks(torch.autograd.Function):
-    """`blocked_attention` on CPU: in float32 where `playground.native` is built, its
+    """`blocked_attention` on CPU: in float32 where `playground.kernels.native` is built, its
     blocked forward and backward over every block at once; elsewhere the flash kernel per
     block, keeping the per-row log-sum-exp, and its own backward per block. Either way
     each span's key and value gradients are added in place onto the keys' and values',
@@ -542,12 +542,12 @@ def _block_mask(mask: torch.Tensor, dtype: torch.dtype, rows: int, span: int) ->
 
 
 def _native_blocks(blocks: Sequence[Block]) -> torch.Tensor:
-    """Blocks as `playground.native` takes them: (blocks, 4) int64."""
+    """Blocks as `playground.kernels.native` takes them: (blocks, 4) int64."""
     return torch.tensor(blocks, dtype=torch.long).view(-1, 4)
 
 
 def _native_masks(masks: Sequence[torch.Tensor | None], like: torch.Tensor) -> list:
-    """Masks as `playground.native` takes them: an empty tensor for none."""
+    """Masks as `playground.kernels.native` takes them: an empty tensor for none."""
     return [like.new_empty(0) if mask is None else mask for mask in masks]
 
 
@@ -816,7 +816,7 @@ def _keys_kept(keep: torch.Tensor | None, batch: int, n_k: int) -> torch.Tensor:
 
 
 def _native_hankel_backward(ctx, grad_out: torch.Tensor, causal: bool) -> tuple:
-    """dq, dk, dv and the Hankel bias's gradient (float32) from `playground.native`, for a
+    """dq, dk, dv and the Hankel bias's gradient (float32) from `playground.kernels.native`, for a
     context that saved (q, k, v, bias, keep, out, log_sum_exp) and its `scale`."""
     q, k, v, bias, keep, out, log_sum_exp = ctx.saved_tensors
     grad_q, grad_k, grad_v, grad_bias = native.load().hankel_biased_backward(
@@ -891,7 +891,7 @@ def _hankel_mask(diagonals: torch.Tensor, keep: torch.Tensor | None, n_k: int) -
 
 
 class _NativeRelativeBias(torch.autograd.Function):
-    """`relative_bias_attention`'s training path where `playground.native` is built.
+    """`relative_bias_attention`'s training path where `playground.kernels.native` is built.
 
     forward: the CPU flash kernel block by block, as `hankel_biased_attention` does (each
     block's bias a strided view, a causal block's later keys skipped), keeping every

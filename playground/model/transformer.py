@@ -33,7 +33,7 @@ from playground.contract import (
     checked_share_with_first_layer,
 )
 from playground.errors import ConfigError, UnsupportedFeature
-from playground.linear_layers import use_fast_linears
+from playground.model.linear_layers import use_fast_linears
 from playground.registry import Registry
 
 
@@ -181,7 +181,7 @@ class TransformerClassifier(nn.Module):
         # variant has global attention (Longformer §3.1: [CLS] is global for classification).
         self.global_first_token = config.target == "sequence" and config.pooling == "first"
         # Its own layers and its attention's projections on the faster float32 CPU GEMM
-        # (playground.linear_layers: oneDNN where torch's MKL runs below the CPU's width).
+        # (playground.model.linear_layers: oneDNN where torch's MKL runs below the CPU's width).
         use_fast_linears(self)
 
     @property

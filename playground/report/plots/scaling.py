@@ -12,8 +12,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
 
-from playground.plots.data import OK, Run
-from playground.plots.style import (
+from playground.report.plots.data import OK, Run
+from playground.report.plots.style import (
     PASS_TITLES,
     failure_note,
     finish,
@@ -25,7 +25,7 @@ from playground.plots.style import (
     series_marker,
     status_handles,
 )
-from playground.summary import exponents
+from playground.report.summary import exponents
 
 
 @dataclass(frozen=True)

@@ -65,10 +65,10 @@ from typing import Any
 
 import torch
 
-from playground.accuracy import MODEL_DEFAULTS, Stage, curriculum_tasks, training_label
 from playground.config import build_config, field_types
 from playground.errors import ConfigError, PlaygroundError
 from playground.registry import Registry, bundled_dir
+from playground.run.accuracy import MODEL_DEFAULTS, Stage, curriculum_tasks, training_label
 from playground.tasks import Task
 
 EXECUTORS = ("local", "ray")

@@ -27,13 +27,13 @@ from playground import registry as registry_module
 from playground.config import describe_options
 from playground.contract import checked_kv_cache_per_token, flops_exponent
 from playground.errors import HookError, PlaygroundError
-from playground.plots import FORMATS, plot_run
 from playground.registry import Registry, bundled_dir
-from playground.report import write_report
-from playground.results import ENV, OVERRIDES, REJECTED, ROWS, SPEC, RunStore, unwritable
-from playground.runner import Executor, Runner, check_device, executor_for, plan
-from playground.spec import DTYPES, apply_overrides, load_spec
-from playground.summary import print_accuracy, print_nodes, print_summary, write_summary
+from playground.report.pages import write_report
+from playground.report.plots import FORMATS, plot_run
+from playground.report.summary import print_accuracy, print_nodes, print_summary, write_summary
+from playground.run.runner import Executor, Runner, check_device, executor_for, plan
+from playground.run.spec import DTYPES, apply_overrides, load_spec
+from playground.run.store import ENV, OVERRIDES, REJECTED, ROWS, SPEC, RunStore, unwritable
 
 # Piped output (CI logs, files) gets wide tables instead of rich's 80-column default.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
@@ -357,7 +357,7 @@ def _plot_and_report(
 
 def command_plot(registry: Registry, arguments: argparse.Namespace) -> int:
     if arguments.benchmarks:
-        from playground.bench_history import plot_history
+        from playground.report.bench_history import plot_history
 
         out = Path(arguments.out or "bench_history.png")
         console.print(f"wrote {plot_history(Path(arguments.run_dir or '.benchmarks'), out)}")
@@ -400,7 +400,7 @@ def command_repair(registry: Registry, arguments: argparse.Namespace) -> int:
 
 
 def command_new(registry: Registry, arguments: argparse.Namespace) -> int:
-    from playground.scaffold import create_variant
+    from playground.cli.scaffold import create_variant
 
     if arguments.copy_from and arguments.kind != "reference":
         raise PlaygroundError("--from copies a variant's file; it does not combine with --kind")

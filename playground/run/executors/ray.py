@@ -36,15 +36,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from playground import native
 from playground.errors import PlaygroundError
-from playground.executors import SeedOutcome, SeedTask, missing_variant, run_seed
-from playground.measure import gemm_flops_per_second, using_threads
+from playground.kernels import native
 from playground.registry import LoadStep, Registry
+from playground.run.measure import gemm_flops_per_second, using_threads
+from playground.run.seeds import SeedOutcome, SeedTask, missing_variant, run_seed
 
 if TYPE_CHECKING:
-    from playground.runner import Cell, Runner
-    from playground.spec import Spec
+    from playground.run.runner import Cell, Runner
+    from playground.run.spec import Spec
 
 INSTALL_HINT = "pip install 'attention-playground[ray]' (or pip install ray)"
 CONNECT_TIMEOUT_S = 5.0
@@ -127,7 +127,7 @@ def _facts_on_node(node_id: str, cpus: int, threads: int, spec: Spec, speed: boo
 def _measure_on_node(
     spec: Spec, recipe: Sequence[LoadStep], cell: Cell, facts: NodeFacts
 ) -> dict[str, Any]:
-    from playground.runner import Measurer
+    from playground.run.runner import Measurer
 
     registry = _worker_registry(recipe)
     if spec.device == "cpu":

@@ -226,11 +226,13 @@ def _building(directory: Path) -> Iterator[None]:
                 waited = time.monotonic() - waited_since
                 if waited >= LOCK_WAIT_S:
                     raise StaleLock(
-                        f"another process has been building playground.native for over "
+                        f"another process has been building playground.kernels.native for over "
                         f"{waited:.0f} s (it holds {path}); let it finish, or end it"
                     ) from None
                 if not said:
-                    _say(f"waiting for another process's build of playground.native ({path})...")
+                    _say(
+                        f"waiting for another process's build of playground.kernels.native ({path})..."
+                    )
                     said = True
                 time.sleep(LOCK_POLL_S)
         try:
@@ -258,11 +260,11 @@ def _build() -> ModuleType:
         if directory.exists():  # what a killed build or a damaged library left: afresh
             shutil.rmtree(directory)
         directory.mkdir(parents=True)
-        _say("building playground.native (first use, about a minute)...")
+        _say("building playground.kernels.native (first use, about a minute)...")
         started = time.monotonic()
         module = _compile(directory)
         _marker(directory).write_text(json.dumps(_fingerprint(_library(directory))))
-        _say(f"built playground.native in {time.monotonic() - started:.0f} s ({directory})")
+        _say(f"built playground.kernels.native in {time.monotonic() - started:.0f} s ({directory})")
         return module
 
 
@@ -284,7 +286,7 @@ def load() -> ModuleType | None:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
         _status = NativeStatus(False, f"build failed: {type(error).__name__}: {first_line}")
         warnings.warn(
-            f"playground.native could not be built ({_status.reason}); variants with a "
+            f"playground.kernels.native could not be built ({_status.reason}); variants with a "
             f"learned relative bias, a band or a mask_mod run on the slower flash kernel "
             f"and Python backwards, with the same results. Install a C++ compiler and "
             f"ninja for the fast ones, or set {DISABLE_VARIABLE}=0 to use the Python "

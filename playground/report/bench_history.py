@@ -3,8 +3,8 @@
 variant's median time across runs.
 
     plot_history(".benchmarks", "bench_history.png") -> Path
-    python -m playground.bench_history [.benchmarks] [--out bench_history.png]
-    python -m playground.bench_history [.benchmarks] --noise
+    python -m playground.report.bench_history [.benchmarks] [--out bench_history.png]
+    python -m playground.report.bench_history [.benchmarks] --noise
 
 `--noise` prints, per benchmark, the largest slow-down from one saved run to the next of
 its raw median and of the figure the time gate compares (`normalised_time`): save a few
@@ -34,8 +34,8 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from playground.errors import PlaygroundError
-from playground.plots import variant_colour
-from playground.plots.style import PASS_TITLES
+from playground.report.plots import variant_colour
+from playground.report.plots.style import PASS_TITLES
 
 
 @dataclass(frozen=True)
@@ -281,7 +281,7 @@ def plot_history(benchmark_dir: str | os.PathLike[str], out_path: str | os.PathL
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m playground.bench_history",
+        prog="python -m playground.report.bench_history",
         description="Plot the median time of every variant across saved benchmark runs, "
         "or (--noise) measure how much medians and normalised times move between runs.",
     )

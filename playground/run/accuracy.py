@@ -7,7 +7,7 @@ UnsupportedFeature before any training when the variant cannot do what the task 
 causal attention, padding masks, the task's length, so the runner records `unsupported`);
 `train_seed` trains and scores one seed; `row_fields` turns the seeds' results into the
 row's fields. `measure_accuracy` does the three in one process, seed after seed; the
-packed lane (playground.executors) runs `train_seed` on worker processes instead.
+packed lane (playground.run.seeds) runs `train_seed` on worker processes instead.
 
 A curriculum (Zoology trains one model on several MQAR sizes and scores it on each) is a
 list of `Stage`s trained first, in order, on the same model, before the task's own steps;
@@ -26,11 +26,11 @@ import torch
 from rich.progress import Progress
 
 from playground.errors import ConfigError, UnsupportedFeature
-from playground.model import ModelConfig, TransformerClassifier, describe
+from playground.model.training import TrainConfig, evaluate, majority_rate, train
+from playground.model.transformer import ModelConfig, TransformerClassifier, describe
 from playground.registry import Registry
-from playground.stats import interval_half_width, proportion_interval
+from playground.run.stats import interval_half_width, proportion_interval
 from playground.tasks import IGNORE, Task
-from playground.training import TrainConfig, evaluate, majority_rate, train
 
 DEFAULT_SEEDS = (0, 1, 2)
 MODEL_DEFAULTS = {"d_model": 64, "num_heads": 4, "num_layers": 2}

@@ -1,7 +1,7 @@
 """A run directory read for plotting: its rows split by kind, its environment, its spec,
 and the series (one per variant point) that every figure draws.
 
-Measurement rows come from `playground.runner` (one per variant point × n × pass);
+Measurement rows come from `playground.run.runner` (one per variant point × n × pass);
 accuracy rows are those with a "task" key (one per variant point × task). A series is
 named by its variant plus the options that vary between that variant's points in this
 run (`linformer k=64`), so legends stay short while fixed options (`seq_len=2048`) are
@@ -22,7 +22,7 @@ from matplotlib.colors import is_color_like
 
 from playground.errors import PlaygroundError
 from playground.registry import default_registry
-from playground.results import ENV, ROWS, SPEC, RunStore
+from playground.run.store import ENV, ROWS, SPEC, RunStore
 
 OK = "ok"
 _MISSING = "<not set>"

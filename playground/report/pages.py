@@ -22,9 +22,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from playground.plots.data import OK, Run, load_run
-from playground.stats import accuracy_bounds, format_interval
-from playground.summary import (
+from playground.report.plots.data import OK, Run, load_run
+from playground.report.summary import (
     EXPONENT_COLUMNS,
     SUMMARY_COLUMNS,
     Line,
@@ -33,6 +32,7 @@ from playground.summary import (
     summarize,
     summary_cells,
 )
+from playground.run.stats import accuracy_bounds, format_interval
 
 HTML_REPORT = "report.html"
 MARKDOWN_REPORT = "report.md"
@@ -60,7 +60,7 @@ def _number(value: float | None, spec: str) -> str:
 
 
 def summary_table(lines: Sequence[Line]) -> Table:
-    """One row per (variant point, pass, n), as `playground.summary` condenses them."""
+    """One row per (variant point, pass, n), as `playground.report.summary` condenses them."""
     return list(SUMMARY_COLUMNS), [summary_cells(line) for line in lines]
 
 
@@ -270,7 +270,7 @@ def render_markdown(run: Run, figures: Sequence[Path], relative_to: Path) -> str
 def write_report(run_dir: Path, figures: list[Path]) -> tuple[Path, Path]:
     """Write report.html (self-contained) and report.md into run_dir; returns both paths.
 
-    `figures` are the files `playground.plots.plot_run` wrote (any formats); PNG or SVG
+    `figures` are the files `playground.report.plots.plot_run` wrote (any formats); PNG or SVG
     are embedded, other formats are named. Raises PlotError when run_dir has no rows."""
     run_dir = Path(run_dir)
     run = load_run(run_dir)
