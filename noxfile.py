@@ -57,8 +57,8 @@ BENCH_STORAGE = ".benchmarks"
 BENCH_CANDIDATE = "results/benchmarks/bench_compare.json"
 TIME_REGRESSION_PERCENT = int(os.environ.get("PLAYGROUND_BENCH_FAIL_PERCENT", "30"))
 """bench_compare fails when a benchmark is more than this much slower on the working tree
-than on the baseline's commit, timed in turns on both (tests/benchmarks/time_gate.py;
-the README has the measurements behind the design)."""
+than on the baseline's commit, timed in turns on both (playground/gates/time.py;
+docs/results.md has the measurements behind the design)."""
 
 nox.options.sessions = ["tests", "lint"]
 ENVIRONMENT = {"venv_backend": "none"}
@@ -106,12 +106,16 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(**ENVIRONMENT)
 def lint(session: nox.Session) -> None:
-    """ruff: lint and formatting, with the settings in pyproject.toml."""
-    ruff = Path(PYTHON).parent / "ruff"
-    if not ruff.is_file():
-        session.error(f'ruff is not installed for {PYTHON}: pip install -e ".[dev]"')
-    session.run(str(ruff), "check", ".")
-    session.run(str(ruff), "format", "--check", ".")
+    """What .ci/run checks before the tests, with the settings in pyproject.toml: ruff's
+    lint and formatting, the import contracts (lint-imports) and the type checker (mypy)."""
+    tools = {name: Path(PYTHON).parent / name for name in ("ruff", "lint-imports", "mypy")}
+    missing = [name for name, path in tools.items() if not path.is_file()]
+    if missing:
+        session.error(f'{", ".join(missing)} not installed for {PYTHON}: pip install -e ".[dev]"')
+    session.run(str(tools["ruff"]), "check", ".")
+    session.run(str(tools["ruff"]), "format", "--check", ".")
+    session.run(str(tools["lint-imports"]))
+    session.run(str(tools["mypy"]))
 
 
 @nox.session(tags=["variants"], **ENVIRONMENT)
@@ -169,19 +173,19 @@ def bench(session: nox.Session) -> None:
             f"deselected). Run `nox -s bench` without `-n`, `--benchmark-disable` or a `-k` "
             f"that selects nothing"
         )
-    session.run(PYTHON, "-m", "tests.benchmarks.measured", "--role", "baseline", *map(str, saved))
+    session.run(PYTHON, "-m", "playground.gates.measured", "--role", "baseline", *map(str, saved))
 
 
 @nox.session(tags=["bench"], **ENVIRONMENT)
 def bench_compare(session: nox.Session) -> None:
     """Fail on a regression against the last saved run: slower, or more memory.
 
-    The time gate (time_gate.py) times every benchmark on the saved baseline's commit
-    and on the working tree in alternating rounds (paired.py), and fails on one more than
-    TIME_REGRESSION_PERCENT slower in two such measurements. The memory gate
-    (memory_gate.py) fails on any growth of peak memory. Both always run, each printing
-    one line per regressed benchmark. Nothing is saved to .benchmarks/, so the baseline
-    stays the one `nox -s bench` recorded."""
+    The time gate (playground/gates/time.py) times every benchmark on the saved
+    baseline's commit and on the working tree in alternating rounds (paired.py), and fails
+    on one more than TIME_REGRESSION_PERCENT slower in two such measurements. The memory
+    gate (playground/gates/memory.py) fails on any growth of peak memory. Both always run,
+    each printing one line per regressed benchmark. Nothing is saved to .benchmarks/, so
+    the baseline stays the one `nox -s bench` recorded."""
     require_installed(session)
     candidate = ROOT / BENCH_CANDIDATE
     candidate.parent.mkdir(parents=True, exist_ok=True)
@@ -189,7 +193,7 @@ def bench_compare(session: nox.Session) -> None:
     gates = {
         "time": [
             "-m",
-            "tests.benchmarks.time_gate",
+            "playground.gates.time",
             BENCH_STORAGE,
             "--candidate",
             str(candidate),
@@ -198,7 +202,7 @@ def bench_compare(session: nox.Session) -> None:
         ],
         "memory": [
             "-m",
-            "tests.benchmarks.memory_gate",
+            "playground.gates.memory",
             BENCH_STORAGE,
             "--candidate",
             str(candidate),

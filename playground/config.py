@@ -187,7 +187,10 @@ def _field_docstrings(config_cls: type) -> dict[str, str]:
 
 def describe_options(config_cls: type[VariantConfig]) -> list[OptionInfo]:
     """Name, type, default and docstring of every option, in declaration order."""
-    docs = _field_docstrings(config_cls)
+    # Passed as a plain `type`: mypy checks a class object against the cache's Hashable
+    # through its instances' __hash__, which a frozen dataclass defines, and rejects it.
+    source: type = config_cls
+    docs = _field_docstrings(source)
     types_by_name = field_types(config_cls)
     return [
         OptionInfo(

@@ -140,8 +140,9 @@ class AttentionVariant(nn.Module):
         attention_mask: torch.Tensor | None,
         is_causal: bool,
         need_weights: bool,
-        **extra: Any,
     ) -> AttentionOutput:
+        # No **extra here: a variant that declares `forward_kwargs` takes them as named
+        # keyword parameters of its own, which an override may add.
         raise NotImplementedError(f"{type(self).__name__} must define forward_reference")
 
     forward_fast: ClassVar[Any] = None
@@ -545,7 +546,7 @@ def checked_kv_cache_per_token(module: AttentionVariant) -> int | None:
         and not isinstance(value, bool)
         and math.isfinite(value)
         and float(value).is_integer()
-        and value >= 0
+        and not value < 0  # numbers.Real declares < and <=, not >= (typeshed)
     )
     if not whole:
         raise _hook_error(

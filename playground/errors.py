@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
-from typing import Literal
 
 import torch
 
@@ -133,9 +132,7 @@ def is_out_of_memory(error: BaseException) -> bool:
     )
 
 
-def failure_fields(
-    error: BaseException,
-) -> dict[Literal["status", "error"], str]:
+def failure_fields(error: BaseException) -> dict[str, str]:
     """The status and error of a result row whose cell raised `error` (docs/design.md,
     Results): `unsupported`, `invalid`, `oom` or `error`, with the message."""
     if isinstance(error, UnsupportedFeature):

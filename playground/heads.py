@@ -8,6 +8,8 @@ a plugin file holds only its paper's math.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from einops import rearrange
 from torch import nn
@@ -34,11 +36,13 @@ def project_heads(
     module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q (B, H, Nq, d), k (B, H, Nk, d), v (B, H, Nk, d) through the module's projections."""
-    h = module.num_heads
+    # torch types a module's attributes as `Tensor | Module`; these are add_projections'
+    # layers and the contract's num_heads.
+    h = cast(int, module.num_heads)
     return (
-        split_heads(module.q_proj(query), h),
-        split_heads(module.k_proj(key), h),
-        split_heads(module.v_proj(value), h),
+        split_heads(cast(nn.Module, module.q_proj)(query), h),
+        split_heads(cast(nn.Module, module.k_proj)(key), h),
+        split_heads(cast(nn.Module, module.v_proj)(value), h),
     )
 
 
@@ -53,9 +57,10 @@ def project_output(
     kernel left there (NaN) stays out of the weight gradients.
     """
     merged = merge_heads(context) if context.dim() == 4 else context  # (B, Nq, d_model)
+    out_proj = cast(nn.Module, module.out_proj)  # typed `Tensor | Module` by torch
     if empty is None:
-        return module.out_proj(merged)
-    return module.out_proj(merged.masked_fill(empty, 0.0)).masked_fill(empty, 0.0)
+        return out_proj(merged)
+    return out_proj(merged.masked_fill(empty, 0.0)).masked_fill(empty, 0.0)
 
 
 def projection_flops(n_q: int, n_k: int, d_model: int) -> float:

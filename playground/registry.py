@@ -18,7 +18,6 @@ import math
 import numbers
 import os
 import pkgutil
-import re
 import sys
 import tempfile
 import traceback
@@ -29,6 +28,7 @@ from types import ModuleType
 from typing import Any, Literal
 
 import pluggy
+from matplotlib.colors import is_color_like
 
 from playground import hookspecs
 from playground.config import VariantConfig
@@ -149,23 +149,16 @@ def _why_config_not_inherited(obj: type[AttentionVariant]) -> str | None:
     return None
 
 
-_HEX_COLOUR = re.compile(r"#[0-9a-fA-F]{6}(?:[0-9a-fA-F]{2})?")
-
-
 def _why_display_hooks_fail(obj: type[AttentionVariant]) -> str | None:
     """`colour` and `display_name` are read by every figure and table: a value that
     cannot be drawn must be refused here, naming the variant, not fail later in a
     figure with a raw matplotlib error."""
     colour = obj.colour
-    # A hex colour needs no matplotlib import (registry discovery stays light).
-    if colour is not None and not (isinstance(colour, str) and _HEX_COLOUR.fullmatch(colour)):
-        from matplotlib.colors import is_color_like
-
-        if not isinstance(colour, str) or not is_color_like(colour):
-            return (
-                f"{obj.__name__}.colour must be a matplotlib colour such as '#1f77b4' or "
-                f"'tab:blue', or None for one derived from the name; got {colour!r}"
-            )
+    if colour is not None and (not isinstance(colour, str) or not is_color_like(colour)):
+        return (
+            f"{obj.__name__}.colour must be a matplotlib colour such as '#1f77b4' or "
+            f"'tab:blue', or None for one derived from the name; got {colour!r}"
+        )
     label = obj.display_name
     if label is not None and (
         not isinstance(label, str) or not label.strip() or len(label.splitlines()) != 1
@@ -292,8 +285,8 @@ class Registry:
         if environment:
             for directory in filter(None, os.environ.get(PLUGINS_PATH_ENV, "").split(os.pathsep)):
                 registry.load_directory(directory, kind=PLUGINS_PATH_ENV)
-        for directory in plugin_dirs:
-            registry.load_directory(directory, kind="--plugins-dir")
+        for plugin_dir in plugin_dirs:
+            registry.load_directory(plugin_dir, kind="--plugins-dir")
         return registry
 
     # --- loading ------------------------------------------------------------------
@@ -421,7 +414,8 @@ class Registry:
         return None
 
     def _add_task(self, obj: Any, info: PluginInfo) -> None:
-        if not (isinstance(obj, type) and isinstance(getattr(obj, "name", None), str) and obj.name):
+        name = getattr(obj, "name", None) if isinstance(obj, type) else None
+        if not (isinstance(obj, type) and isinstance(name, str) and name):
             info.errors.append(
                 PluginLoadError(
                     info.source,
@@ -430,15 +424,13 @@ class Registry:
                 )
             )
             return
-        if obj.name in self.tasks:
-            duplicate = DuplicateVariant(
-                obj.name, self.tasks[obj.name].source, info.source, kind="task"
-            )
-            self.duplicates[f"task:{obj.name}"] = duplicate
+        if name in self.tasks:
+            duplicate = DuplicateVariant(name, self.tasks[name].source, info.source, kind="task")
+            self.duplicates[f"task:{name}"] = duplicate
             info.errors.append(duplicate)
             return
-        self.tasks[obj.name] = TaskEntry(obj, info.source)
-        info.tasks.append(obj.name)
+        self.tasks[name] = TaskEntry(obj, info.source)
+        info.tasks.append(name)
 
     def load_builtin_tasks(self) -> None:
         """The tasks shipped in playground/tasks/, registered through the same hook."""

@@ -20,35 +20,28 @@ the hook), so a wrong layout fails with a message instead of deep inside a kerne
   (score + g(h, kv − q)) without a `mask_mod` is evaluated once per relative position and
   run by `kernels.relative_bias_attention` (a Toeplitz view; a fused backward for g),
   unless g is −inf somewhere (a query may then see no key: the blocked path finds it).
-  Otherwise blocked over queries: on every call, as FlexAttention builds its block mask,
-  `mask_mod` (with causality) is evaluated into a map of the key span each block of
-  queries can see (a mod may read state that changes between calls: document ids, a
+  Otherwise `kernels.mod_scheduler` runs blocks of queries: on every call, as
+  FlexAttention builds its block mask, `mask_mod` (with causality) gives the span of keys
+  each block can see (a mod may read state that changes between calls: document ids, a
   scheduled window), and keys outside it are never touched, so a window of w costs
   O(n·(w + block)) attention time and memory, plus O(n²) cheap evaluations of the rule
   itself. Within a span, an additive `score_mod` (`additive_score_mod = True`: score +
   f(b, h, q, kv)) is turned into a bias for fused SDPA; any other is applied to explicit
-  block scores. In training each block is recomputed in backward (activation
-  checkpointing), so memory stays O(n · block) and parameters used in `score_mod` get
-  their gradients; without a `score_mod`, when all blocks' masks together take no more
-  than q, k and v (a window's do; a dense causal mask's do not), the masks are kept
-  instead and every block goes to one `kernels.blocked_attention` call, whose fused
-  backward adds each span's key gradients in place. FlexAttention has no CPU backward,
-  which is why this path exists.
-- CUDA: `flex_attention` with `create_block_mask`, compiled, with the same methods.
+  block scores. Training memory stays O(n · block), and parameters used in `score_mod`
+  get their gradients. FlexAttention has no CPU backward, which is why this path exists.
+- CUDA: `flex_attention` with `create_block_mask`, compiled, with the same methods
+  (`kernels.flex`).
 
 `need_weights=True` runs the reference (the weights are dense anyway).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from playground.config import VariantConfig
 from playground.contract import AttentionOutput, AttentionVariant, Capabilities, _hook_error
@@ -60,20 +53,10 @@ from playground.heads import (
     project_output,
     projection_flops,
 )
-from playground.kernels import (
-    biased_attention,
-    blocked_attention,
-    relative_bias_attention,
-    transforms_active,
-)
+from playground.kernels import relative_bias_attention
+from playground.kernels.flex import flex_mod_attention
+from playground.kernels.mod_scheduler import ModScheduler, allowed_pairs, index_grid
 from playground.masks import masked_softmax, queries_without_keys
-
-MOD_CHUNK_ELEMENTS = 2**19
-"""How many (b, h, q, kv) entries the CPU fast path evaluates a mod on per call."""
-SPAN_CHUNK_ELEMENTS = 2**16
-"""How many (q, kv) entries `mask_mod` is evaluated on per call while finding each block's
-key span: the whole (Nq, Nk) grid is visited on every call, and at this size a mod's
-integer intermediates stay in cache."""
 
 
 @dataclass(frozen=True)
@@ -87,20 +70,6 @@ class SoftmaxConfig(VariantConfig):
     def __post_init__(self) -> None:
         if self.block_size < 1:
             raise ValueError(f"block_size must be a positive integer; got {self.block_size}")
-
-
-def index_grid(
-    batch: int, heads: int, queries: torch.Tensor, keys: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """b (B,1,1,1), h (1,H,1,1), q_idx (1,1,Nq,1), kv_idx (1,1,1,Nk): the broadcast
-    index tensors the mods are evaluated on."""
-    device = queries.device
-    return (
-        torch.arange(batch, device=device).view(-1, 1, 1, 1),
-        torch.arange(heads, device=device).view(1, -1, 1, 1),
-        queries.view(1, 1, -1, 1),
-        keys.view(1, 1, 1, -1),
-    )
 
 
 def _broadcasts(shape: torch.Size, target: torch.Size | tuple[int, ...]) -> bool:
@@ -148,6 +117,12 @@ class SoftmaxAttention(AttentionVariant):
     @staticmethod
     def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: object) -> float:
         return projection_flops(n_q, n_k, d_model) + attention_flops(n_q * n_k, d_model)
+
+    # add_projections' layers, declared: torch types a module's attributes `Tensor | Module`.
+    q_proj: torch.nn.Linear
+    k_proj: torch.nn.Linear
+    v_proj: torch.nn.Linear
+    out_proj: torch.nn.Linear
 
     def __init__(self, d_model: int = 512, num_heads: int = 8, **options: object) -> None:
         super().__init__(d_model, num_heads, **options)
@@ -318,17 +293,6 @@ class SoftmaxAttention(AttentionVariant):
         )
 
     # --- reference ---------------------------------------------------------------------
-    def _allowed(self, b, h, q_idx, kv_idx, keep, is_causal) -> torch.Tensor | None:
-        """mask_mod ∧ causality ∧ padding, (B or 1, H or 1, Nq, Nk); None = all."""
-        allowed = self._mask(b, h, q_idx, kv_idx) if self._has_mask_mod else None
-        if is_causal:
-            causal = q_idx >= kv_idx
-            allowed = causal if allowed is None else allowed & causal
-        if keep is not None:
-            padding = keep[:, None, None, :]  # (B, 1, 1, Nk)
-            allowed = padding if allowed is None else allowed & padding
-        return allowed
-
     def forward_reference(
         self, query, key, value, attention_mask, is_causal, need_weights
     ) -> AttentionOutput:
@@ -340,7 +304,8 @@ class SoftmaxAttention(AttentionVariant):
         scores = q @ k.transpose(-2, -1) * self.scale  # (B, H, Nq, Nk)
         # A mod's float32 constants must not promote bf16 scores.
         scores = self._scores(scores, b, h, q_idx, kv_idx).to(q.dtype).broadcast_to(scores.shape)
-        allowed = self._allowed(b, h, q_idx, kv_idx, attention_mask, is_causal)
+        mask_mod = self._mask if self._has_mask_mod else None
+        allowed = allowed_pairs(mask_mod, b, h, q_idx, kv_idx, attention_mask, is_causal)
         if allowed is not None:
             scores = scores.masked_fill(~allowed, -math.inf)
         weights = masked_softmax(scores, None)  # (B, H, Nq, Nk); 0 on rows with no score
@@ -356,334 +321,56 @@ class SoftmaxAttention(AttentionVariant):
     def forward_fast(
         self, query, key, value, attention_mask, is_causal, need_weights
     ) -> AttentionOutput:
-        if query.is_cuda:
-            return self._forward_flex(query, key, value, attention_mask, is_causal)
+        empty: torch.Tensor | None  # (B, Nq, 1): the queries that see no key
+        if query.is_cuda:  # FlexAttention, given the variant's own methods
+            q, k, v = self._projected(query, key, value)  # (B, H, N, d)
+            context, empty = flex_mod_attention(
+                q,
+                k,
+                v,
+                self.score_mod if self._has_score_mod else None,
+                self.mask_mod if self._has_mask_mod else None,
+                attention_mask,
+                is_causal,
+                self.scale,
+            )
+            return AttentionOutput(self._output(context, query, empty), None)
+        scheduler = self._scheduler()
         if self._has_score_mod and self.relative_score_mod and not self._has_mask_mod:
-            relative_bias = self._score_mod_per_offset(query.shape[1], key.shape[1], query)
+            relative_bias = scheduler.score_per_offset(
+                self.num_heads, query.shape[1], key.shape[1], query
+            )  # (H, Nq + Nk − 1)
             # A −inf in g hides keys and may leave a query none, which the Toeplitz kernel
             # cannot tell (its output must be zero); the blocked path finds such queries.
             if not bool(torch.isneginf(relative_bias).any()):
-                return self._forward_relative(
-                    query, key, value, attention_mask, is_causal, relative_bias
+                q, k, v = self._projected(query, key, value)  # (B, H, N, d)
+                context = relative_bias_attention(
+                    q,
+                    k,
+                    v,
+                    relative_bias,
+                    attention_mask,
+                    is_causal,
+                    self.scale,
+                    self.config.block_size,
                 )
-        return self._forward_blocked(query, key, value, attention_mask, is_causal)
-
-    def _score_mod_per_offset(self, n_q: int, n_k: int, like: torch.Tensor) -> torch.Tensor:
-        """(H, Nq + Nk − 1): g(h, r) of a relative score_mod for r = kv_idx − q_idx from
-        −(Nq − 1) to Nk − 1, evaluated at in-range index pairs (q, kv) = (−r, 0) for r < 0
-        and (0, r) otherwise, so a mod that looks indices up in a table stays in it."""
-        offsets = torch.arange(-(n_q - 1), n_k, device=like.device)
-        zero = torch.zeros((), dtype=like.dtype, device=like.device)
-        b, h, q_idx, kv_idx = index_grid(1, self.num_heads, (-offsets).clamp(min=0), offsets)
-        bias = self._scores(zero, b, h, q_idx.view(1, 1, 1, -1), kv_idx.clamp(min=0))
-        return bias.to(like.dtype).broadcast_to(1, self.num_heads, 1, len(offsets))[0, :, 0]
-
-    def _forward_relative(
-        self, query, key, value, attention_mask, is_causal, relative_bias: torch.Tensor
-    ) -> AttentionOutput:
-        """The relative path, given g per relative position (`_score_mod_per_offset`)."""
-        q, k, v = self._projected(query, key, value)  # (B, H, N, d)
-        n_q, n_k = q.shape[2], k.shape[2]
-        context = relative_bias_attention(
-            q,
-            k,
-            v,
-            relative_bias,
-            attention_mask,
-            is_causal,
-            self.scale,
-            self.config.block_size,
-        )
-        empty = queries_without_keys(attention_mask, n_q, n_k, is_causal)  # (B, Nq, 1) or None
-        return AttentionOutput(self._output(context, query, empty), None)
-
-    def _key_spans(
-        self, batch: int, heads: int, n_q: int, n_k: int, is_causal: bool, device
-    ) -> list[tuple[int, int, int, int]]:
-        """Per block of queries: (start, stop, key_start, key_stop), the keys from the
-        first to the last any of its queries may see under mask_mod and causality (the
-        padding mask is applied within the spans).
-
-        Derived again on every call, as FlexAttention's block mask is: a mask_mod may read
-        state that changes between calls of one shape (document ids set per batch, a
-        window a schedule widens), and spans kept from an earlier call would silently
-        drop the keys it now allows."""
-        spans, block = [], self.config.block_size
-        keys = torch.arange(n_k, device=device)
-        # Rows per evaluation of the mod, so that its intermediates stay small.
-        rows = max(1, min(block, SPAN_CHUNK_ELEMENTS // n_k))
-        for start in range(0, n_q, block):
-            stop = min(start + block, n_q)
-            if not self._has_mask_mod:  # causality at most: query i sees keys 0 … i
-                spans.append((start, stop, 0, min(stop, n_k) if is_causal else n_k))
-                continue
-            seen = torch.zeros(n_k, dtype=torch.uint8, device=device)  # keys anyone here sees
-            for first in range(start, stop, rows):
-                queries = torch.arange(first, min(first + rows, stop), device=device)
-                b, h, q_idx, kv_idx = index_grid(batch, heads, queries, keys)
-                allowed = self._mask(b, h, q_idx, kv_idx)
-                if is_causal:
-                    allowed = allowed & (q_idx >= kv_idx)
-                # (B?, H?, rows, Nk) -> (Nk,); a max over bytes is vectorised, bool any is not.
-                seen = seen.maximum(allowed.view(torch.uint8).amax(dim=(0, 1, 2)))
-            where = seen.nonzero()
-            key_start, key_stop = (int(where[0]), int(where[-1]) + 1) if len(where) else (0, 0)
-            spans.append((start, stop, key_start, key_stop))
-        return spans
-
-    def _span_mask(
-        self,
-        start: int,
-        key_start: int,
-        shape: tuple[int, int, int, int],
-        keep: torch.Tensor | None,
-        is_causal: bool,
-        like: torch.Tensor,
-        scratch: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """SDPA's attn_mask for one block of queries over its span of keys, and which of
-        its queries see any key: (mask, sees) with mask (B, H or 1, blk, span), bool or
-        the additive score_mod's bias with −inf where not allowed, and sees (B, H or 1,
-        blk), None when every query sees some key; (None, None) when every query sees
-        every key unbiased. `like` gives the bias its dtype and device; `scratch` (flat
-        uint8), if given, holds the mask.
-
-        The mods are evaluated a few rows at a time (MOD_CHUNK_ELEMENTS), so an eager
-        mod's intermediates stay in cache; one pass over the whole block is several
-        times slower than the attention it feeds."""
-        batch, heads, block, span = shape
-        keys = torch.arange(key_start, key_start + span, device=like.device)
-        # A bias has a head dimension and is evaluated in chunks; a bool mask (mask_mod,
-        # causality, padding) is small enough in one piece.
-        rows = max(1, MOD_CHUNK_ELEMENTS // (batch * heads * span))
-        rows = rows if self._has_score_mod else block
-        zero = torch.zeros((), dtype=like.dtype, device=like.device)
-        masks, sees = [], []
-        for first in range(start, start + block, rows):
-            queries = torch.arange(first, min(first + rows, start + block), device=keys.device)
-            b, h, q_idx, kv_idx = index_grid(batch, heads, queries, keys)
-            mask = None
-            if self._has_score_mod:  # f(b, h, q, kv), broadcast to this chunk's rows
-                bias = self._scores(zero, b, h, q_idx, kv_idx).to(like.dtype)
-                mask = bias.broadcast_to(
-                    torch.broadcast_shapes(bias.shape, (1, 1, len(queries), span))
-                )
-            allowed = self._allowed(b, h, q_idx, kv_idx, keep, is_causal)  # None: all seen
-            if allowed is not None:
-                allowed = allowed.expand(batch, -1, len(queries), span)
-                mask = allowed if mask is None else mask.masked_fill(~allowed, -math.inf)
-            if mask is not None:
-                # A query sees a key when it may and its score there is finite (a score_mod
-                # may give −inf): (B, H or 1, rows).
-                if mask.dtype == torch.bool:
-                    seen = mask.any(dim=-1).expand(batch, -1, -1)
-                else:
-                    seen = ~torch.isneginf(mask.detach().amax(dim=-1)).expand(batch, -1, -1)
-                if not bool(seen.all()):
-                    # A query that sees nothing would make SDPA's softmax NaN: let it see
-                    # its first key (finite), and zero it afterwards.
-                    first_key = ~seen[..., None] & (torch.arange(span, device=keys.device) == 0)
-                    fill = True if mask.dtype == torch.bool else 0.0
-                    mask = mask.masked_fill(first_key, fill)
-                sees.append(seen)
-            masks.append(mask)
-        if masks[0] is None:
-            return None, None
-        shape = (*masks[0].shape[:-2], block, span)
-        out = None
-        if scratch is not None:
-            size = math.prod(shape) * masks[0].element_size()
-            out = scratch[:size].view(masks[0].dtype).view(shape)
-        seen = torch.cat(sees, dim=-1) if sees else None
-        if seen is not None and bool(seen.all()):
-            seen = None  # every query sees a key: nothing to zero
-        return torch.cat(masks, dim=-2, out=out), seen
-
-    def _attend_span(
-        self,
-        start: int,
-        key_start: int,
-        is_causal: bool,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        keep: torch.Tensor | None,
-        scratch: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One block: q (B, H, blk, d) over the span's k, v (B, H, span, d) -> context
-        (B, H, blk, d) and empty (B, blk) bool, the queries that see no key at all.
-        `scratch`: memory for the block's mask (`_span_mask`)."""
-        batch, heads, block, span = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
-        if self._has_score_mod and not self._additive:
-            b, h, q_idx, kv_idx = index_grid(
-                batch,
-                heads,
-                torch.arange(start, start + block, device=q.device),
-                torch.arange(key_start, key_start + span, device=q.device),
-            )
-            scores = q @ k.transpose(-2, -1) * self.scale  # (B, H, blk, span)
-            scores = self._scores(scores, b, h, q_idx, kv_idx).to(q.dtype)
-            scores = scores.broadcast_to(batch, heads, block, span)
-            allowed = self._allowed(b, h, q_idx, kv_idx, keep, is_causal)  # None: all seen
-            if allowed is not None:
-                scores = scores.masked_fill(~allowed, -math.inf)
-            # A query sees a key when it may and its score there is finite (B, H, blk).
-            sees = ~torch.isneginf(scores.amax(dim=-1))
-            context = masked_softmax(scores, None) @ v
-        else:
-            mask, sees = self._span_mask(
-                start, key_start, (batch, heads, block, span), keep, is_causal, q, scratch
-            )
-            if mask is not None and mask.requires_grad and not q.is_cuda:
-                # A learned bias: SDPA would give it no gradient but on its unfused kernel.
-                context = biased_attention(q, k, v, mask, self.scale)
-            else:
-                context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
-            if sees is not None:
-                context = context.masked_fill(~sees[..., None], 0.0)
-        if sees is None:
-            return context, torch.zeros(batch, block, dtype=torch.bool, device=q.device)
-        return context, ~sees.any(dim=1)  # (B, H, blk, d), (B, blk)
-
-    def _mask_bytes(self, spans, batch, heads, attention_mask, device) -> int:
-        """Bytes that every block's mask, kept for backward as SDPA keeps it (float, one
-        per batch element and head it differs by), would take together."""
-        b, h, q_idx, kv_idx = index_grid(
-            batch,
-            heads,
-            torch.zeros(1, dtype=torch.long, device=device),
-            torch.zeros(1, dtype=torch.long, device=device),
-        )
-        probe = self._mask(b, h, q_idx, kv_idx) if self._has_mask_mod else q_idx >= 0
-        copies = (batch if attention_mask is not None else probe.shape[0]) * probe.shape[1]
-        entries = sum(
-            (stop - start) * (key_stop - key_start) for start, stop, key_start, key_stop in spans
-        )
-        return 4 * copies * entries
-
-    def _forward_blocked(self, query, key, value, attention_mask, is_causal) -> AttentionOutput:
-        q, k, v = self._projected(query, key, value)  # (B, H, N, d)
-        if not (self._has_score_mod or self._has_mask_mod) and attention_mask is None:
-            # Nothing to mask but causality, which SDPA does itself: no blocks needed.
-            context = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=self.scale)
-            return AttentionOutput(self._output(context, query, None), None)
-        batch, heads, n_q, n_k = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
-        spans = self._key_spans(batch, heads, n_q, n_k, is_causal, q.device)
-        # Training: recompute each block in backward, so only one block's scores live;
-        # unless the blocks keep only a mask for backward (no score_mod), and all of
-        # their masks together are no larger than q, k and v (a window, not a dense
-        # causal mask): then keeping them costs less than running each block twice.
-        # (torch.func transforms have no saved-tensor hooks, which checkpointing needs.)
-        recompute = torch.is_grad_enabled() and len(spans) > 1 and not transforms_active()
-        if recompute and not self._has_score_mod:
-            recompute = self._mask_bytes(spans, batch, heads, attention_mask, q.device) > (
-                3 * q.numel() * q.element_size()
-            )
-        if torch.is_grad_enabled() and not q.is_cuda and not recompute:
-            fused = self._forward_fused(q, k, v, spans, attention_mask, is_causal)
-            if fused is not None:
-                context, empty = fused
+                n_q, n_k = q.shape[2], k.shape[2]
+                empty = queries_without_keys(attention_mask, n_q, n_k, is_causal)  # (B, Nq, 1)
                 return AttentionOutput(self._output(context, query, empty), None)
-        scratch = None
-        if not torch.is_grad_enabled() and (self._additive or not self._has_score_mod):
-            # Inference: every block's mask in one buffer, whose pages are then touched
-            # once per call; a fresh large allocation per block costs as much in page
-            # faults as evaluating the mod.
-            widest = max(
-                (stop - start) * (key_stop - key_start)
-                for start, stop, key_start, key_stop in spans
-            )
-            # A bias (B, H, blk, span) in q's dtype, or a bool mask, which has a head
-            # dimension when mask_mod depends on the head.
-            per_entry = heads * (q.element_size() if self._has_score_mod else 1)
-            scratch = q.new_empty(batch * widest * per_entry, dtype=torch.uint8)
-        contexts, empties = [], []
-        for start, stop, key_start, key_stop in spans:
-            if key_stop <= key_start:  # this block sees no key at all
-                contexts.append(q.new_zeros(batch, heads, stop - start, q.shape[-1]))
-                empties.append(torch.ones(batch, stop - start, dtype=torch.bool, device=q.device))
-                continue
-            attend = functools.partial(
-                self._attend_span, start, key_start, is_causal, scratch=scratch
-            )
-            arguments = (
-                q[:, :, start:stop],
-                k[:, :, key_start:key_stop],
-                v[:, :, key_start:key_stop],
-                None if attention_mask is None else attention_mask[:, key_start:key_stop],
-            )
-            if recompute:
-                context, empty = checkpoint(attend, *arguments, use_reentrant=False)
-            else:
-                context, empty = attend(*arguments)
-            contexts.append(context)
-            empties.append(empty)
-        context = torch.cat(contexts, dim=2)  # (B, H, Nq, d)
-        empty = torch.cat(empties, dim=1)[..., None]  # (B, Nq, 1)
-        return AttentionOutput(self._output(context, query, empty if empty.any() else None), None)
-
-    def _forward_fused(
-        self, q, k, v, spans, attention_mask, is_causal
-    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        """Training on CPU when every block's mask is kept: one `blocked_attention` call
-        over all blocks, whose backward adds each span's key gradients in place (autograd
-        through per-block slices would give every block a zero tensor the size of all
-        the keys). -> (context (B, H, Nq, d), empty (B, Nq, 1) or None), or None when this
-        path does not apply: a score_mod that is not additive, or a bias that needs a
-        gradient (the per-block path gives it one)."""
-        if self._has_score_mod and not self._additive:
-            return None
-        batch, heads = q.shape[0], q.shape[1]
-        masks, seen = [], []
-        for start, stop, key_start, key_stop in spans:
-            if key_stop <= key_start:
-                masks.append(None)
-                seen.append(torch.zeros(batch, 1, stop - start, dtype=torch.bool, device=q.device))
-                continue
-            keep = None if attention_mask is None else attention_mask[:, key_start:key_stop]
-            shape = (batch, heads, stop - start, key_stop - key_start)
-            mask, sees = self._span_mask(start, key_start, shape, keep, is_causal, q)
-            if mask is not None and mask.requires_grad:
-                return None
-            masks.append(mask)
-            seen.append(
-                torch.ones(batch, 1, stop - start, dtype=torch.bool, device=q.device)
-                if sees is None
-                else sees
-            )
-        context = blocked_attention(q, k, v, spans, masks, self.scale)
-        seen = torch.cat([rows.expand(batch, heads, -1) for rows in seen], dim=-1)  # (B, H, Nq)
-        if bool(seen.all()):
-            return context, None
-        context = context.masked_fill(~seen[..., None], 0.0)
-        return context, ~seen.any(dim=1)[..., None]
-
-    def _forward_flex(self, query, key, value, attention_mask, is_causal) -> AttentionOutput:
-        from torch.nn.attention.flex_attention import create_block_mask
-
         q, k, v = self._projected(query, key, value)  # (B, H, N, d)
-        batch, heads, n_q, n_k = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
-
-        def mask_mod(b, h, q_idx, kv_idx):
-            allowed = self.mask_mod(b, h, q_idx, kv_idx) if self._has_mask_mod else q_idx >= 0
-            if is_causal:
-                allowed = allowed & (q_idx >= kv_idx)
-            if attention_mask is not None:
-                allowed = allowed & attention_mask[b, kv_idx]
-            return allowed
-
-        block_mask = create_block_mask(mask_mod, batch, heads, n_q, n_k, device=q.device)
-        context, log_sum_exp = _compiled_flex_attention()(
-            q,
-            k,
-            v,
-            score_mod=self.score_mod if self._has_score_mod else None,
-            block_mask=block_mask,
-            scale=self.scale,
-            return_lse=True,
-        )  # (B, H, Nq, d), (B, H, Nq); a query that sees nothing gets 0 and lse −inf
-        empty = torch.isneginf(log_sum_exp).all(dim=1)[..., None]  # (B, Nq, 1)
+        context, empty = scheduler.attend(q, k, v, attention_mask, is_causal)
         return AttentionOutput(self._output(context, query, empty), None)
+
+    def _scheduler(self) -> ModScheduler:
+        """This call's CPU block schedule, over the checked mods (`_scores`, `_mask`), so a
+        wrong result fails naming the hook on every path."""
+        return ModScheduler(
+            score_mod=self._scores if self._has_score_mod else None,
+            mask_mod=self._mask if self._has_mask_mod else None,
+            additive=self._additive,
+            scale=self.scale,
+            block_size=self.config.block_size,
+        )
 
 
 class ExactAttention(SoftmaxAttention):
@@ -694,10 +381,3 @@ class ExactAttention(SoftmaxAttention):
     name = "exact"
     summary = "exact multi-head softmax attention"
     paper = "Vaswani et al. 2017, Attention Is All You Need, §3.2"
-
-
-@functools.cache
-def _compiled_flex_attention():
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return torch.compile(flex_attention, dynamic=False)

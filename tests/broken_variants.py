@@ -1,5 +1,5 @@
 """Deliberately broken variants: each breaks one promise, and the contract suite must
-catch it with the right check (tests/test_contract_suite.py). They derive from vanilla
+catch it with the right check (tests/testing/test_contract_suite.py). They derive from vanilla
 so everything they do not break stays correct."""
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ def test_endless_special_sizes_does_not_hang_the_suite():
     report = check_attention(cls, checks=[check_output_shape_and_dtype])
     assert report.results  # one per impl
     for result in report.results:
-        assert result.status == "failed" and "special_sizes()" in result.reason
+        assert result.verdict == "failed" and "special_sizes()" in result.reason
 
 
 def test_good_special_sizes_are_kept_including_numpy_style_integers():

@@ -34,7 +34,7 @@ from playground.report.plots.figures import plot_run
 from playground.report.plots.patterns import _weights
 from playground.run.fidelity import measure_fidelity
 from playground.run.runner import Runner
-from playground.run.spec import load_spec
+from playground.run.spec_loading import load_spec
 from playground.run.store import RunStore
 from playground.softmax_attention import ExactAttention
 from tests.test_core_names import core_vocabulary
@@ -223,7 +223,7 @@ def same_run_and_report(registry: Registry, made: list[Copy], tmp_path: Path) ->
     store = RunStore.create(tmp_path / "out", spec.name)
     runner = Runner(spec, registry, store)
     runner.start()
-    runner.run()
+    runner.measure_pending()
     rows = store.rows()
     by_label = {}
     for row in rows:

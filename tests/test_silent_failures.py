@@ -163,7 +163,7 @@ class FalselyRelative(FalselyAdditive):
 def test_fast_versus_reference_names_a_false_declaration(cls, declaration):
     report = check_attention(cls, checks=[check_fast_matches_reference])
     failure = report.results[0]
-    assert failure.status == "failed"
+    assert failure.verdict == "failed"
     assert "fast and reference" in failure.reason
     assert f"declares {declaration} = True" in failure.reason
     assert "likely cause" in failure.reason
@@ -183,7 +183,7 @@ def test_a_context_mod_returning_the_query_does_not_crash_the_suite():
     report = check_attention(ContextIsQuery, checks=[check_fast_matches_reference])
     result = report.results[0]
     assert "AttributeError" not in result.reason and "NoneType" not in result.reason
-    assert result.status == "passed", result.reason  # both paths agree: nothing reaches k, v
+    assert result.verdict == "passed", result.reason  # both paths agree: nothing reaches k, v
 
 
 class MinusInfinityRow(playground.SoftmaxAttention):

@@ -69,7 +69,7 @@ def test_a_learned_bias_inside_a_window_matches_the_reference():
 
 def test_the_fast_path_uses_the_fused_backward(monkeypatch):
     """Not SDPA's unfused kernel: the bias's gradient comes from `biased_attention`."""
-    import playground.softmax_attention as module
+    import playground.kernels.mod_scheduler as module
 
     calls = []
     original = module.biased_attention
@@ -86,7 +86,7 @@ def test_a_dense_mask_is_recomputed_and_a_window_is_kept():
     than q, k and v: a window's are, a dense causal mask_mod's are not (its memory would
     be quadratic)."""
     from playground.run.measure import peak_memory_bytes
-    from playground.run.runner import workload
+    from playground.run.measurer import Workload as workload
 
     class DenseCausal(playground.SoftmaxAttention):
         name, summary, paper = "dense_causal", "causal by mask_mod", "test"
@@ -100,8 +100,9 @@ def test_a_dense_mask_is_recomputed_and_a_window_is_kept():
 
     assert peak(2048) < 2.3 * peak(1024)  # linear (1.9); keeping every mask gave 2.8
     window = playground.build("sliding_window", 64, 8, window=64, block_size=64)
-    spans = window._key_spans(1, 8, 1024, 1024, False, torch.device("cpu"))
-    kept = window._mask_bytes(spans, 1, 8, None, torch.device("cpu"))
+    scheduler = window._scheduler()
+    spans = scheduler.key_spans(1, 8, 1024, 1024, False, torch.device("cpu"))
+    kept = scheduler.mask_bytes(spans, 1, 8, None, torch.device("cpu"))
     assert kept <= 3 * 1024 * 64 * 4  # no larger than q, k and v: kept, not recomputed
 
 

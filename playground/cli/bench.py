@@ -41,7 +41,7 @@ from playground.run.measure import (
     resolve_threads,
     time_call,
 )
-from playground.run.runner import BACKWARD_FLOPS_FACTOR, Workload
+from playground.run.measurer import BACKWARD_FLOPS_FACTOR, Workload
 
 
 @dataclass(frozen=True)

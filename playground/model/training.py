@@ -65,7 +65,8 @@ def learning_rate_factor(step: int, steps: int, warmup_fraction: float) -> float
 
 
 def _parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for name, parameter in model.named_parameters():  # a shared Parameter is listed once
         is_matrix = parameter.dim() >= 2 and "embedding" not in name
         (decay if is_matrix else no_decay).append(parameter)
@@ -126,7 +127,7 @@ def train(
             f"size it never used; use a batch_size of at most {len(data)}"
         )
     if torch.device(device).type == "cpu":
-        native.prepare()  # a first build of the native kernels is not training time
+        native.build_state()  # a first build of the native kernels is not training time
     model.train()
     # Fused AdamW (one kernel for all parameters) and a foreach gradient norm: the
     # per-parameter loops cost about a fifth of a step at the playground's model sizes.
@@ -162,10 +163,10 @@ def train(
         optimizer.step()
         schedule.step()
         result.losses.append(value)
-        if bar is not None:
+        if progress is not None and bar is not None:
             progress.update(bar, advance=1, description=f"{description} loss {value:.3f}")
     result.train_time_s = time.perf_counter() - started
-    if bar is not None:
+    if progress is not None and bar is not None:
         progress.remove_task(bar)
     return result
 

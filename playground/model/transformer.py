@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import nn
@@ -84,6 +85,8 @@ class ModelConfig:
 class PositionalEncoding(nn.Module):
     """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(…) (Vaswani et al. §3.5),
     added to the embeddings. A fixed buffer, not a parameter."""
+
+    table: torch.Tensor  # (max_len, d_model), registered as a buffer below
 
     def __init__(self, d_model: int, max_len: int) -> None:
         super().__init__()
@@ -186,7 +189,12 @@ class TransformerClassifier(nn.Module):
 
     @property
     def attentions(self) -> list[AttentionVariant]:
-        return [layer.attention for layer in self.layers]
+        return [layer.attention for layer in self._encoder_layers]
+
+    @property
+    def _encoder_layers(self) -> Sequence[EncoderLayer]:
+        # nn.ModuleList types its items as plain Modules; every one here is an EncoderLayer.
+        return cast("Sequence[EncoderLayer]", self.layers)
 
     def forward(
         self,
@@ -214,10 +222,10 @@ class TransformerClassifier(nn.Module):
         if self.global_first_token:
             is_global = torch.zeros_like(tokens, dtype=torch.bool)  # (B, L)
             is_global[:, 0] = True
-            extra = self.layers[0].attention.global_token_arguments(is_global)
+            extra = self._encoder_layers[0].attention.global_token_arguments(is_global)
         for layer in self.layers[:-1]:
             x = layer(x, attention_mask, extra)
-        x = self.layers[-1].attend(x, attention_mask, extra)  # (B, L, d_model)
+        x = self._encoder_layers[-1].attend(x, attention_mask, extra)  # (B, L, d_model)
         if self.config.target == "token":
             if positions is not None:
                 if positions.shape != tokens.shape or positions.dtype != torch.bool:
@@ -240,7 +248,7 @@ class TransformerClassifier(nn.Module):
 
     def _read_out(self, x: torch.Tensor) -> torch.Tensor:
         """The last feed-forward sublayer and the final norm, on the rows (…, d_model)."""
-        return self.final_norm(self.layers[-1].feed(x))
+        return self.final_norm(self._encoder_layers[-1].feed(x))
 
 
 def describe(model: TransformerClassifier) -> dict[str, Any]:

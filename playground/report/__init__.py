@@ -1,2 +1,3 @@
-"""What a run directory shows: the summary (`summary`), figures (`plots`), report.html and
-report.md (`pages`), and the benchmark history (`bench_history`)."""
+"""What a run directory shows: the summary lines and summary.csv (`summary`), the terminal
+tables (`tables`), figures (`plots`), report.html and report.md (`pages`), and the benchmark
+history (`bench_history`)."""

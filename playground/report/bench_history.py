@@ -34,8 +34,8 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from playground.errors import PlaygroundError
-from playground.report.plots import variant_colour
-from playground.report.plots.style import PASS_TITLES
+from playground.report.plots.style import variant_colour
+from playground.report.summary import PASS_TITLES
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@
     write_report(run_dir, figures) -> (report.html, report.md)
 
 Every piece of text from the run (labels, errors, the spec) is HTML-escaped in the HTML,
-and `|` is escaped in Markdown table cells.
+and `|` is escaped in Markdown table entries.
 """
 
 from __future__ import annotations
@@ -22,15 +22,13 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from playground.report.plots.data import OK, Run, load_run
-from playground.report.summary import (
+from playground.report.plots.data import OK, RunData, load_run
+from playground.report.summary import Line, ceilings_from_env, summarize
+from playground.report.tables import (
     EXPONENT_COLUMNS,
     SUMMARY_COLUMNS,
-    Line,
-    ceilings_from_env,
-    exponent_cells,
-    summarize,
-    summary_cells,
+    exponent_entries,
+    summary_entries,
 )
 from playground.run.stats import accuracy_bounds, format_interval
 
@@ -40,7 +38,7 @@ EMBEDDED_TYPES = {".png": "image/png", ".svg": "image/svg+xml"}
 """Figure formats a browser shows inline; a PDF is linked, not embedded."""
 
 Table = tuple[list[str], list[list[str]]]
-"""(header, rows), every cell already a string."""
+"""(header, rows), every entry already a string."""
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
@@ -60,17 +58,17 @@ def _number(value: float | None, spec: str) -> str:
 
 
 def summary_table(lines: Sequence[Line]) -> Table:
-    """One row per (variant point, pass, n), as `playground.report.summary` condenses them."""
-    return list(SUMMARY_COLUMNS), [summary_cells(line) for line in lines]
+    """One row per (setup, pass, n), as `report.summary` condenses them."""
+    return list(SUMMARY_COLUMNS), [summary_entries(line) for line in lines]
 
 
 def exponent_table(lines: Sequence[Line]) -> Table:
-    """Fitted log-log exponents of time and memory per (variant point, pass)."""
-    return list(EXPONENT_COLUMNS), exponent_cells(list(lines))
+    """Fitted log-log exponents of time and memory per (setup, pass)."""
+    return list(EXPONENT_COLUMNS), exponent_entries(list(lines))
 
 
 def accuracy_table(rows: Iterable[dict[str, Any]]) -> Table:
-    """One row per (variant point, task)."""
+    """One row per (setup, task)."""
     header = [
         "variant",
         "task",
@@ -151,34 +149,34 @@ def _chosen_figures(figures: Sequence[Path]) -> list[tuple[Path, list[Path]]]:
 
 def _html_table(table: Table) -> str:
     header, rows = table
-    head = "".join(f"<th>{html.escape(cell)}</th>" for cell in header)
+    head = "".join(f"<th>{html.escape(name)}</th>" for name in header)
     body = []
     for row in rows:
-        cells = []
-        for name, cell in zip(header, row, strict=True):
+        entries = []
+        for name, entry in zip(header, row, strict=True):
             css = ""
-            if name == "status" and cell != OK:
+            if name == "status" and entry != OK:
                 css = ' class="failed"'
             elif name in ("error", "value", "task"):
                 css = ' class="text"'
-            cells.append(f"<td{css}>{html.escape(cell)}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
+            entries.append(f"<td{css}>{html.escape(entry)}</td>")
+        body.append("<tr>" + "".join(entries) + "</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def _markdown_cell(cell: str) -> str:
-    return cell.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ") or " "
+def _markdown_entry(entry: str) -> str:
+    return entry.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ") or " "
 
 
 def _markdown_table(table: Table) -> str:
     header, rows = table
-    lines = ["| " + " | ".join(_markdown_cell(c) for c in header) + " |"]
+    lines = ["| " + " | ".join(_markdown_entry(c) for c in header) + " |"]
     lines.append("| " + " | ".join("---" for _ in header) + " |")
-    lines.extend("| " + " | ".join(_markdown_cell(c) for c in row) + " |" for row in rows)
+    lines.extend("| " + " | ".join(_markdown_entry(c) for c in row) + " |" for row in rows)
     return "\n".join(lines)
 
 
-def _sections(run: Run) -> list[tuple[str, Table]]:
+def _sections(run: RunData) -> list[tuple[str, Table]]:
     """(title, table) of every table section that has rows."""
     sections = []
     if run.measurements:
@@ -197,7 +195,7 @@ def _sections(run: Run) -> list[tuple[str, Table]]:
     return sections
 
 
-def _title(run: Run) -> tuple[str, str]:
+def _title(run: RunData) -> tuple[str, str]:
     name = run.env.get("experiment") or run.spec.get("name") or run.directory.name
     return f"Run {name} — {run.directory.name}", str(run.spec.get("description", ""))
 
@@ -209,7 +207,7 @@ def _image_tag(path: Path) -> str:
     return f'<img src="data:{mime};base64,{data}" alt="{alt}">'
 
 
-def render_html(run: Run, figures: Sequence[Path]) -> str:
+def render_html(run: RunData, figures: Sequence[Path]) -> str:
     title, description = _title(run)
     parts = [
         "<!DOCTYPE html>",
@@ -248,7 +246,7 @@ def render_html(run: Run, figures: Sequence[Path]) -> str:
     return "\n".join(parts) + "\n"
 
 
-def render_markdown(run: Run, figures: Sequence[Path], relative_to: Path) -> str:
+def render_markdown(run: RunData, figures: Sequence[Path], relative_to: Path) -> str:
     title, description = _title(run)
     parts = [f"# {title}", ""]
     if description:

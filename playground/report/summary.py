@@ -1,7 +1,7 @@
-"""What a run's rows say, condensed: one line per (variant point, pass, n) with the
-speed-up over the spec's baseline variant point at the same n, and the fitted log-log
-exponents of time and memory over n per (variant point, pass). Written to summary.csv and
-printed as tables.
+"""What a run's rows say, condensed: one line per (setup, pass, n) with the
+speed-up over the spec's baseline setup at the same n, and the fitted log-log
+exponents of time and memory over n per (setup, pass); written to summary.csv
+(and the accuracy rows to accuracy.csv). `report.tables` prints the lines.
 
 How sure each number is, is said beside it:
 - IQR only where a spread exists (three or more timed runs; older rows timed once show
@@ -12,7 +12,8 @@ How sure each number is, is said beside it:
   of the start's and the end's) for the rows measured on the runner's node and threads;
 - exponents with their standard error from three or more lengths, marked as a two-point
   slope from two, and as uncertain when the error is large or a time shrinks with n;
-- a note, in the tables and the cells, when the spec names a baseline that was not run.
+- `baseline_missing` on every line, and a note, when the spec names a baseline that was
+  not run.
 """
 
 from __future__ import annotations
@@ -25,15 +26,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rich import box
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-
-from playground.run.fidelity import CAUSAL_REFERENCE
 from playground.run.measure import (
     FLAG_EFFICIENCY_ABOVE_1,
-    FLAG_MEANINGS,
     FLAG_PASS_ORDER,
     FLAGS,
     MIN_SPREAD_RUNS,
@@ -41,7 +35,6 @@ from playground.run.measure import (
     cost_flags,
     fit_scaling,
 )
-from playground.run.stats import accuracy_bounds, format_interval
 from playground.run.store import ACCURACY, ENV, SPEC, SUMMARY, DamagedRun, RunStore
 
 OK = "ok"
@@ -87,7 +80,7 @@ class Line:
 def scaling_fits(
     rows: Iterable[dict[str, Any]],
 ) -> tuple[ScalingFit | None, ScalingFit | None]:
-    """Time and memory log-log fits over the ok rows of one (variant point, pass); None
+    """Time and memory log-log fits over the ok rows of one (setup, pass); None
     where fewer than two lengths were measured."""
     rows = [r for r in rows if r["status"] == "ok"]
 
@@ -101,7 +94,7 @@ def scaling_fits(
 
 
 def exponents(rows: Iterable[dict[str, Any]]) -> tuple[float | None, float | None]:
-    """Time and memory exponents of one (variant point, pass) that can be shown as facts
+    """Time and memory exponents of one (setup, pass) that can be shown as facts
     (figure legends): None from fewer than three lengths or when the fit is uncertain
     (ScalingFit.uncertain); the tables show those with their caveat."""
 
@@ -158,7 +151,7 @@ def run_ceilings(store: RunStore) -> Ceilings:
 
 
 def ceilings_from_env(env: dict[str, Any]) -> Ceilings:
-    """run_ceilings of an env.json already read (the report's `Run.env`)."""
+    """run_ceilings of an env.json already read (the report's `RunData.env`)."""
     best = env.get("gemm_flops_per_s")
     if not isinstance(best, (int, float)) or isinstance(best, bool) or best <= 0:
         return {}
@@ -179,7 +172,7 @@ def summarize(
     baseline: str | None = None,
     ceilings: Ceilings | None = None,
 ) -> list[Line]:
-    """The lines of a run's measurement rows; speed-ups against the variant point
+    """The lines of a run's measurement rows; speed-ups against the setup
     labelled `baseline` (the spec's), none without one (and `baseline_missing` set on
     every line when it has no timed row: it was not run). `ceilings` (run_ceilings):
     efficiencies are restated against the best GEMM measured on a row's node."""
@@ -325,222 +318,3 @@ def write_summary(store: RunStore, baseline: str | None = None) -> list[Line]:
     if accuracy:
         store.write_text(ACCURACY, _csv(list(ACCURACY_COLUMNS), accuracy))
     return lines
-
-
-def _format(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def print_accuracy(rows: list[dict[str, Any]], console: Console) -> None:
-    """variant × task: accuracy mean [95% interval] over seeds, each seed, chance."""
-    accuracy = accuracy_rows(rows)
-    if not accuracy:
-        return
-    table = Table(title="Accuracy on held-out examples (mean [95% interval over seeds])")
-    for column in ("task", "variant", "accuracy", "seeds", "chance", "train s/seed", "status"):
-        table.add_column(column)
-    for row in accuracy:
-        ok = row["status"] == "ok"
-        table.add_row(
-            row["task_label"],
-            row["label"],
-            format_interval(row["accuracy_mean"], accuracy_bounds(row)) if ok else "-",
-            ", ".join(f"{a:.3f}" for a in row["accuracy_per_seed"]) if ok else "-",
-            _format(row["chance"], ".3f"),
-            _format(row["train_time_s"], ".1f"),
-            row["status"] if ok else f"[red]{row['status']}[/red]: {escape(str(row['error']))}",
-        )
-    console.print(table)
-
-
-def node_facts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per node that measured timing cells: hostname, Ray node id, threads, its GEMM
-    throughput, its cells and their median efficiency. One entry per node of a
-    distributed run; a slower node shows as a lower GEMM figure with an efficiency like
-    the others' (the hardware), or a lower efficiency (something else on it)."""
-    nodes: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        if "pass" not in row or row.get("status") != "ok":
-            continue
-        key = row.get("node_id") or row.get("node") or "?"
-        entry = nodes.setdefault(
-            key,
-            {
-                "node": row.get("node"),
-                "node_id": row.get("node_id"),
-                "threads": row.get("threads"),
-                "gemm_flops_per_s": row.get("gemm_flops_per_s"),
-                "cells": 0,
-                "efficiencies": [],
-            },
-        )
-        entry["cells"] += 1
-        if row.get("efficiency") is not None:
-            entry["efficiencies"].append(row["efficiency"])
-    for entry in nodes.values():
-        found = sorted(entry.pop("efficiencies"))
-        entry["median_efficiency"] = found[len(found) // 2] if found else None
-    return list(nodes.values())
-
-
-def print_nodes(rows: list[dict[str, Any]], console: Console) -> None:
-    """The node table, when more than one node measured the run's timing cells."""
-    nodes = node_facts(rows)
-    if len(nodes) < 2:
-        return
-    table = compact_table("Nodes (efficiency is against each node's own GEMM throughput)")
-    for column in ("node", "node id", "threads", "GEMM GFLOP/s", "cells", "median efficiency"):
-        table.add_column(column)
-    for node in nodes:
-        gemm = node["gemm_flops_per_s"]
-        table.add_row(
-            str(node["node"]),
-            (node["node_id"] or "-")[:12],
-            str(node["threads"]),
-            _format(None if gemm is None else gemm / 1e9, ".1f"),
-            str(node["cells"]),
-            _format(node["median_efficiency"], ".2f"),
-        )
-    console.print(table)
-
-
-SUMMARY_COLUMNS = (
-    "variant",
-    "pass",
-    "n",
-    "time ms",
-    "IQR ms",
-    "peak MiB",
-    "efficiency",
-    "vs baseline",
-    "rel err",
-    "rel err local",
-    "cosine",
-    "flags",
-    "status",
-)
-EXPONENT_COLUMNS = ("variant", "pass", "time exponent", "memory exponent")
-
-
-def summary_cells(line: Line) -> list[str]:
-    """One Line as the text of SUMMARY_COLUMNS (the terminal table and the report)."""
-    speedup = line.speedup_vs_baseline
-    return [
-        line.label,
-        line.pass_name,
-        str(line.seq_len),
-        _format(line.time_ms, ".1f"),
-        _format(line.time_iqr_ms, ".1f"),
-        _format(line.peak_memory_mib, ".1f"),
-        _format(line.efficiency, ".2f"),
-        "no baseline run"
-        if line.baseline_missing and line.time_ms is not None
-        else _format(speedup, ".2f") + ("×" if speedup else ""),
-        _format(line.fidelity_rel_error, ".3g"),
-        _format(line.fidelity_local_rel_error, ".3g"),
-        _format(line.fidelity_cosine, ".3f"),
-        line.flags or "-",
-        line.status,
-    ]
-
-
-def _fit_text(fit: ScalingFit | None) -> str:
-    return "-" if fit is None else fit.text()
-
-
-def exponent_cells(lines: list[Line]) -> list[list[str]]:
-    """EXPONENT_COLUMNS, one row per (variant point, pass)."""
-    rows: dict[tuple[str, str], list[str]] = {}
-    for line in lines:
-        rows.setdefault(
-            (line.label, line.pass_name),
-            [
-                line.label,
-                line.pass_name,
-                _fit_text(line.time_fit),
-                _fit_text(line.memory_fit),
-            ],
-        )
-    return list(rows.values())
-
-
-def compact_table(title: str | None = None) -> Table:
-    """A table with one space between columns and no side borders, so that the summary's
-    ten columns fit a 100-column terminal without cutting a cell."""
-    return Table(
-        title=title,
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        collapse_padding=True,
-        show_edge=False,
-        title_justify="left",
-        title_style="italic",
-    )
-
-
-def _table_without_empty_columns(header: list[str], rows: list[list[str]]) -> Table:
-    """A table of `rows`, less the columns that are "-" in every row (fidelity is not
-    measured on forward+backward, memory may not be measured at all)."""
-    keep = [
-        index
-        for index, column in enumerate(header)
-        if column in ("n", "status") or any(row[index] != "-" for row in rows)
-    ]
-    table = compact_table()
-    for index in keep:
-        table.add_column(header[index], justify="left" if header[index] == "status" else "right")
-    for row in rows:
-        *cells, status = (row[index] for index in keep)
-        table.add_row(*map(escape, cells), status if status == OK else f"[red]{status}[/red]")
-    return table
-
-
-def print_summary(lines: list[Line], console: Console) -> None:
-    """One block per variant point: its label on a line of its own (whole, however long),
-    then a table per pass; then the fitted exponents. Fits a 100-column terminal."""
-    if not lines:
-        return
-    console.print("[bold]Summary[/bold] (median time; peak memory above the inputs)")
-    header = [column for column in SUMMARY_COLUMNS if column not in ("variant", "pass")]
-    groups: dict[str, dict[str, list[list[str]]]] = {}
-    for line in lines:
-        _, pass_name, *cells = summary_cells(line)
-        groups.setdefault(line.label, {}).setdefault(pass_name, []).append(cells)
-    for label, passes in groups.items():
-        console.print(f"\n[bold]{escape(label)}[/bold]", soft_wrap=True)
-        for pass_name, rows in passes.items():
-            table = _table_without_empty_columns(header, rows)
-            table.title = PASS_TITLES.get(pass_name, pass_name)
-            console.print(table)
-    shown = {flag for line in lines for flag in line.flags.split("; ") if flag}
-    for flag in (flag for flag in FLAG_MEANINGS if flag in shown):
-        console.print(f"[yellow]{flag}[/yellow]: {FLAG_MEANINGS[flag]}", soft_wrap=True)
-    causal = sorted({line.label for line in lines if line.fidelity_reference == CAUSAL_REFERENCE})
-    if causal:
-        console.print(
-            f"fidelity of {escape(', '.join(causal))} is against causal exact attention: "
-            f"they see no later tokens",
-            soft_wrap=True,
-        )
-    note = baseline_note(lines)
-    if note:
-        console.print(f"[yellow]note[/yellow]: {escape(note)}", soft_wrap=True)
-    console.print(
-        "\n[bold]Scaling[/bold]: fitted exponent of time and memory vs n (1: grows as n, 2: as "
-        "n²), ± its standard error; from two lengths only a two-point slope"
-    )
-    scaling = compact_table()
-    scaling.add_column("variant", no_wrap=True)
-    scaling.add_column("pass", no_wrap=True)
-    scaling.add_column("time exponent", justify="right")
-    scaling.add_column("memory exponent", justify="right")
-    for row in exponent_cells(lines):
-        scaling.add_row(*map(escape, row))
-    console.print(scaling)
-    for line in lines:
-        if line.status != OK:
-            console.print(
-                f"[red]{line.status}[/red] {escape(line.label)} n={line.seq_len} {line.pass_name}: "
-                f"{escape(str(line.error))}",
-                soft_wrap=True,
-            )

@@ -7,7 +7,8 @@ UnsupportedFeature before any training when the variant cannot do what the task 
 causal attention, padding masks, the task's length, so the runner records `unsupported`);
 `train_seed` trains and scores one seed; `row_fields` turns the seeds' results into the
 row's fields. `measure_accuracy` does the three in one process, seed after seed; the
-packed lane (playground.run.seeds) runs `train_seed` on worker processes instead.
+packed lanes (playground.run.seeds.train_seed_task) run `train_seed` on worker processes
+instead.
 
 A curriculum (Zoology trains one model on several MQAR sizes and scores it on each) is a
 list of `Stage`s trained first, in order, on the same model, before the task's own steps;

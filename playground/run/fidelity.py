@@ -92,7 +92,7 @@ def compare(output: torch.Tensor, exact: torch.Tensor) -> dict[str, float]:
     }
 
 
-def tie_keys_to_queries(reference: AttentionVariant) -> None:
+def tie_keys_to_queries(reference: ExactAttention) -> None:
     """W_k = W_q (and the biases), so scores are similarities between tokens."""
     reference.k_proj.load_state_dict(reference.q_proj.state_dict())
 
@@ -119,7 +119,7 @@ def acts_causally(variant: AttentionVariant, tokens: torch.Tensor) -> bool:
 
 
 def mean_attention_distance(
-    reference: AttentionVariant, tokens: torch.Tensor, rows: int = 256, is_causal: bool = False
+    reference: ExactAttention, tokens: torch.Tensor, rows: int = 256, is_causal: bool = False
 ) -> float:
     """Mean |i − j| under exact attention's weights (causal ones when `is_causal`), over
     `rows` evenly spaced queries."""

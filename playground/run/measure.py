@@ -11,9 +11,10 @@ here; none is typed in.
   call (one to size its blocks, one timed), or more when three did not fill
   `min_run_time`, so a slow cell costs at most one call more than it did, and a run's
   total time stays about the same. With fewer than `MIN_SPREAD_RUNS` runs (only when a
-  caller asks for fewer) no IQR is reported (None), never an IQR of 0 from one sample. The Timer runs on one thread unless told
-  otherwise, so every timing here names its thread count (default: the process's own,
-  `torch.get_num_threads()`) and records it in `Timing.threads`.
+  caller asks for fewer) no IQR is reported (None), never an IQR of 0 from one sample.
+  The Timer runs on one thread unless told otherwise, so every timing here names its
+  thread count (default: the process's own, `torch.get_num_threads()`) and records it in
+  `Timing.threads`.
 - Quality flags (`cost_flags`): short fixed phrases a row and the summary carry when a
   number should not be read as exact: too few runs, a large spread, an efficiency above
   1, a non-finite `flops()`, a busy machine (`load_average`).
@@ -163,7 +164,7 @@ def without_profiler_chatter() -> Iterator[None]:
                     original = os.dup(descriptor)
                 except OSError:  # closed (a daemon, say): nothing to protect
                     continue
-                capture = captures.enter_context(tempfile.TemporaryFile())
+                capture: IO[bytes] = captures.enter_context(tempfile.TemporaryFile())
                 os.dup2(capture.fileno(), descriptor)
                 saved.append((descriptor, original, capture))
             yield

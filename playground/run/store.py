@@ -31,24 +31,19 @@ import contextlib
 import datetime
 import json
 import os
-import platform
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-import torch
-
-import playground
 from playground.errors import PlaygroundError
-from playground.kernels import native
-from playground.model import linear_layers
-from playground.model.cpu import cpuinfo_field
+from playground.run.rows import BadLine, parse_lines, row_problem
 
+fcntl: ModuleType | None
 try:
     import fcntl
 except ImportError:  # not POSIX: runs are not locked there
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None
 
 ROWS = "results.jsonl"
 LOCK = "run.lock"
@@ -64,9 +59,6 @@ AFTER_SET_ASIDE = {
     ENV: "a resume then measures the environment and the GEMM again",
     OVERRIDES: "a resume then runs the whole spec, so restore the overrides from it first",
 }
-
-STATUSES = ("ok", "unsupported", "oom", "error", "invalid")
-"""A row's status; only `ok` rows are measurements."""
 
 
 class DamagedRun(PlaygroundError, ValueError):
@@ -129,15 +121,6 @@ def unwritable(path: Path, error: OSError, hint: str) -> UnwritablePlace:
     return UnwritablePlace(f"cannot write {path}: {reason}; {hint}")
 
 
-@dataclass(frozen=True)
-class BadLine:
-    """A line of results.jsonl that is not a row."""
-
-    number: int
-    raw: bytes
-    reason: str
-
-
 @dataclass
 class Repair:
     """What RunStore.repair() moved aside."""
@@ -150,65 +133,6 @@ class Repair:
         return bool(self.lines or self.moved)
 
 
-def row_problem(row: Any) -> str | None:
-    """Why a decoded line is not a row of results.jsonl; None when it is one."""
-    if not isinstance(row, dict):
-        return f"is a JSON {type(row).__name__}, not an object"
-    for key in ("cell", "variant", "label", "status"):
-        if not isinstance(row.get(key), str):
-            return f"has no {key!r} string"
-    if row["status"] not in STATUSES:
-        return f"has status {row['status']!r}, not one of {', '.join(STATUSES)}"
-    is_cost = "task" not in row
-    if is_cost and not (isinstance(row.get("seq_len"), int) and isinstance(row.get("pass"), str)):
-        return "is a cost row without an integer 'seq_len' and a 'pass'"
-    return None
-
-
-def _parse_lines(data: bytes) -> tuple[list[dict[str, Any]], list[BadLine], bool]:
-    """(rows, bad lines, whether the last line is cut short) of results.jsonl's bytes.
-
-    A last line without its newline is what a crash mid-write leaves: kept when it is a
-    whole row, else reported as cut (a resume measures that cell again)."""
-    pieces = data.split(b"\n")
-    cut = pieces.pop()  # b"" when the file ends with a newline
-    rows: list[dict[str, Any]] = []
-    bad: list[BadLine] = []
-    first_line_of: dict[str, int] = {}
-
-    def decode(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
-        if not raw.strip():
-            return None, "is blank"
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as error:
-            return None, f"is not UTF-8 text (byte {error.start + 1})"
-        try:
-            row = json.loads(text)
-        except json.JSONDecodeError as error:
-            return None, f"is not JSON ({error.msg} at column {error.colno})"
-        reason = row_problem(row)
-        if reason is None and row["cell"] in first_line_of:
-            reason = f"repeats cell {row['cell']!r} of line {first_line_of[row['cell']]}"
-        return (row, None) if reason is None else (None, reason)
-
-    for number, raw in enumerate(pieces, start=1):
-        row, reason = decode(raw)
-        if row is None:
-            bad.append(BadLine(number, raw, str(reason)))
-        else:
-            first_line_of[row["cell"]] = number
-            rows.append(row)
-    cut_short = False
-    if cut:
-        row, _ = decode(cut)
-        if row is None:
-            cut_short = True
-        else:
-            rows.append(row)
-    return rows, bad, cut_short
-
-
 class RunStore:
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
@@ -216,7 +140,7 @@ class RunStore:
     @classmethod
     def create(cls, out: str | os.PathLike[str], experiment: str) -> RunStore:
         """A new, empty run directory under out/<experiment>/; `experiment` is a name,
-        never a path (see playground.run.spec.name_problem)."""
+        never a path (see playground.run.spec_loading.name_problem)."""
         root = Path(out)
         parent = root / experiment
         if Path(experiment).name != experiment or experiment in ("", ".", ".."):
@@ -292,7 +216,7 @@ class RunStore:
         """(rows, bad lines, last line cut short) of results.jsonl, raising only when the
         file cannot be read at all."""
         data = self._read_bytes(ROWS)
-        return _parse_lines(data) if data else ([], [], False)
+        return parse_lines(data) if data else ([], [], False)
 
     def rows(self) -> list[dict[str, Any]]:
         """Every recorded row. A last line cut short by a crash is ignored (that cell
@@ -354,7 +278,7 @@ class RunStore:
         data = self._read_bytes(ROWS)
         if not data:
             return done
-        rows, bad, cut_short = _parse_lines(data)
+        rows, bad, cut_short = parse_lines(data)
         if cut_short:
             pieces = data.split(b"\n")
             bad.append(BadLine(len(pieces), pieces[-1], "is cut short (no newline at the end)"))
@@ -434,45 +358,3 @@ class RunStore:
             f"{path} {reason}; restore it, or run `playground repair {self.directory}`, which "
             f"renames it to {name + SET_ASIDE}: {AFTER_SET_ASIDE.get(name, 'then resume')}"
         )
-
-
-def _git_commit() -> str | None:
-    try:
-        completed = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=Path(playground.__file__).parent,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return completed.stdout.strip() or None
-
-
-def _cpu_name() -> str:
-    return cpuinfo_field("model name") or platform.processor() or platform.machine()
-
-
-def environment(device: str, threads: int | None = None) -> dict[str, Any]:
-    """What produced the numbers: versions, device, node, the torch threads the cells are
-    measured with (default: torch.get_num_threads()), the native kernels' status, the linear layers' library, commit."""
-    cuda = device == "cuda"
-    return {
-        "playground_version": playground.__version__,
-        "torch_version": torch.__version__,
-        "python_version": platform.python_version(),
-        "platform": platform.platform(),
-        "device": device,
-        "device_name": torch.cuda.get_device_name() if cuda else _cpu_name(),
-        "cuda_version": torch.version.cuda if cuda else None,
-        "node": platform.node(),
-        "threads": torch.get_num_threads() if threads is None else threads,
-        # Learned relative biases train on the C++ backward, or on the Python one: say which.
-        "native_kernels": native.status().reason,
-        # The library the classifier model's float32 CPU linear layers run on.
-        "linear_backend": linear_layers.backend(),
-        "git_commit": _git_commit(),
-        "started_at": datetime.datetime.now().isoformat(timespec="seconds"),
-    }

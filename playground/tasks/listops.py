@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-import playground
 from playground.errors import InvalidInput
+from playground.hookspecs import hookimpl
 from playground.tasks import PAD, Task, TaskData, TaskOptions
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
@@ -309,6 +309,6 @@ class ListOps(Task):
         return TaskData(tokens, labels, attention_mask=tokens != PAD)
 
 
-@playground.hookimpl
+@hookimpl
 def register_tasks(register):
     register(ListOps)

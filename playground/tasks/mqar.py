@@ -13,7 +13,7 @@ from typing import Literal
 
 import torch
 
-import playground
+from playground.hookspecs import hookimpl
 from playground.tasks import IGNORE, Task, TaskData, TaskOptions
 
 
@@ -73,8 +73,8 @@ class MQAR(Task):
     causal mask's recency is what lets the previous-token head form, and with it the
     lookup. In the bidirectional form (`causal=False`) that budget, and much larger ones
     and sweeps of the training recipe, leave every variant guessing among the values
-    present: read it as "can the variant see the values", and causal MQAR as recall (the
-    README gives the measurements). (128, 8) and (256, 16) are the options seq_len /
+    present: read it as "can the variant see the values", and causal MQAR as recall (docs/results.md
+    gives the measurements). (128, 8) and (256, 16) are the options seq_len /
     num_pairs; query_placement="end" puts every query farther from its key than a sliding
     window of a few tokens reaches through a 2-layer stack. Trained on one of the larger
     sizes alone, a model needs many times this budget; Zoology trains one model over the
@@ -90,6 +90,8 @@ class MQAR(Task):
     default_steps = 1200
     num_train = 40_000  # about one pass: a smaller pool is memorised, not looked up
 
+    # Task declares needs_causal a ClassVar (a fixed answer, set as a class attribute by
+    # task plugins); MQAR's depends on its options, and it is only read from instances.
     @property
     def needs_causal(self) -> bool:  # type: ignore[override]
         return self.options.causal
@@ -135,6 +137,6 @@ class MQAR(Task):
         return TaskData(tokens, labels)
 
 
-@playground.hookimpl
+@hookimpl
 def register_tasks(register):
     register(MQAR)

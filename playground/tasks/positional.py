@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-import playground
+from playground.hookspecs import hookimpl
 from playground.tasks import IGNORE, Task, TaskData, TaskOptions
 
 
@@ -53,7 +53,7 @@ class Lookback(Task):
     Default size and budget: 64 tokens, offset 5, 31 token values (chance 1/31), 300 steps
     of 32 sequences with 59 scored positions each, so the signal per step is dense: enough
     for attention that can address a relative position to learn it, without spending
-    minutes on variants that already have (the README gives the measured accuracies).
+    minutes on variants that already have (docs/results.md gives the measured accuracies).
     """
 
     name = "lookback"
@@ -89,6 +89,6 @@ class Lookback(Task):
         return TaskData(tokens, labels)
 
 
-@playground.hookimpl
+@hookimpl
 def register_tasks(register):
     register(Lookback)

@@ -7,7 +7,7 @@
 
     @parametrize_with_checks(["my_variant"])     # one pytest test per (variant, impl, check)
     def test_contract(case):
-        case.run()                                # pytest -k causality selects by name
+        case.check()                              # pytest -k causality selects by name
 
 Checks run for `impl="fast"` and, when the variant has a fast path, for
 `impl="reference"` too; `check_fast_matches_reference` compares the two once.
@@ -23,21 +23,17 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from playground.contract import AttentionVariant
-from playground.errors import ConfigError
 from playground.registry import Registry, default_registry
-from playground.testing.checks import (
-    CHECKS,
-    IMPL_INDEPENDENT,
-    CheckFailed,
-    CheckSkipped,
-    Subject,
-)
+from playground.testing.checks import CHECKS, IMPL_INDEPENDENT
+from playground.testing.corners import CheckFailed, CheckSkipped
 from playground.testing.properties import property_search
+from playground.testing.subject import Subject, resolve_variant
 
 if TYPE_CHECKING:
     import pytest
 
-Status = Literal["passed", "failed", "skipped"]
+Verdict = Literal["passed", "failed", "skipped"]
+"""A check's outcome (a row's outcome is its `status`)."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +41,7 @@ class CheckResult:
     variant: str
     impl: str
     check: str
-    status: Status
+    verdict: Verdict
     reason: str = ""
     seconds: float = 0.0
 
@@ -63,28 +59,30 @@ class CheckReport:
 
     @property
     def failures(self) -> list[CheckResult]:
-        return [r for r in self.results if r.status == "failed"]
+        return [r for r in self.results if r.verdict == "failed"]
 
-    def status_of(self, check: str, impl: str = "fast") -> Status:
-        """The status of one check, e.g. `report.status_of("check_causality")`."""
+    def verdict_of(self, check: str, impl: str = "fast") -> Verdict:
+        """The verdict on one check, e.g. `report.verdict_of("check_causality")`."""
         for result in self.results:
             if result.check == check and result.impl == impl:
-                return result.status
+                return result.verdict
         raise KeyError(f"{check} did not run for impl={impl!r}")
 
 
 @dataclass(frozen=True)
 class CheckCase:
-    """One (variant, impl, check) to run; pytest ids are `variant-impl-check_name`."""
+    """One (variant, impl, check) to evaluate; pytest ids are `variant-impl-check_name`.
+
+    `function` is the named check (one of CHECKS); `check()` applies it inside pytest."""
 
     variant: type[AttentionVariant]
     impl: str
-    check: Callable[[Subject], None]
+    function: Callable[[Subject], None]
     options: tuple[tuple[str, Any], ...] = ()
 
     @property
     def id(self) -> str:
-        return f"{self.variant.name}-{self.impl}-{self.check.__name__}"
+        return f"{self.variant.name}-{self.impl}-{self.function.__name__}"
 
     def evaluate(self) -> CheckResult:
         """Run the check and return its result (never raises for a failed check)."""
@@ -93,50 +91,37 @@ class CheckCase:
         # The suite's tensors are small: one thread runs them fastest, and other jobs on
         # the machine slow it least.
         torch.set_num_threads(1)
+        verdict: Verdict
         try:
-            self.check(Subject(self.variant, impl=self.impl, options=dict(self.options)))
+            self.function(Subject(self.variant, impl=self.impl, options=dict(self.options)))
         except CheckSkipped as skipped:
-            status, reason = "skipped", str(skipped)
+            verdict, reason = "skipped", str(skipped)
         except CheckFailed as failed:
-            status, reason = "failed", str(failed)
+            verdict, reason = "failed", str(failed)
         except Exception as error:  # a crash is a failure of the variant, reported as such
-            status, reason = "failed", f"raised {type(error).__name__}: {error}"
+            verdict, reason = "failed", f"raised {type(error).__name__}: {error}"
         else:
-            status, reason = "passed", ""
+            verdict, reason = "passed", ""
         finally:
             torch.set_num_threads(threads)
         return CheckResult(
             self.variant.name,
             self.impl,
-            self.check.__name__,
-            status,
+            self.function.__name__,
+            verdict,
             reason,
             time.perf_counter() - start,
         )
 
-    def run(self) -> None:
-        """Run inside pytest: a failure fails the test, a skip skips it with its reason."""
+    def check(self) -> None:
+        """Check inside pytest: a failure fails the test, a skip skips it with its reason."""
         import pytest
 
         result = self.evaluate()
-        if result.status == "skipped":
+        if result.verdict == "skipped":
             pytest.skip(result.reason)
-        if result.status == "failed":
+        if result.verdict == "failed":
             pytest.fail(f"{self.id}: {result.reason}", pytrace=False)
-
-
-def resolve_variant(
-    variant: str | type[AttentionVariant], registry: Registry | None = None
-) -> type[AttentionVariant]:
-    """The variant class of a registered name (or the class itself); ConfigError else."""
-    if isinstance(variant, str):
-        return (registry or default_registry()).get(variant)
-    if isinstance(variant, type) and issubclass(variant, AttentionVariant):
-        return variant
-    raise ConfigError(
-        f"the contract suite checks a registered variant name (a str) or "
-        f"an AttentionVariant subclass; got {variant!r} ({type(variant).__name__})"
-    )
 
 
 def iter_cases(

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+from hypothesis import HealthCheck, Verbosity, given, settings
+from hypothesis import strategies as st
 
 from playground.testing.corners import (
     CheckFailed,
@@ -27,7 +29,7 @@ from playground.testing.corners import (
     assert_causal,
     assert_padding_invariant,
 )
-from playground.testing.subject import MODES, Mode, Subject
+from playground.testing.subject import MODES, Mode, Subject, resolve_variant
 
 if TYPE_CHECKING:
     from playground.contract import AttentionVariant
@@ -71,8 +73,6 @@ def _longest(subject: Subject) -> int:
 
 
 def _strategy(subject: Subject) -> Any:
-    from hypothesis import strategies as st
-
     caps, longest = subject.caps, _longest(subject)
 
     @st.composite
@@ -144,9 +144,12 @@ def _assert_empty_rows(output: torch.Tensor, case: dict[str, Any], n_q: int) -> 
         raise CheckFailed(f"queries that see no key output {empty.abs().max().item():.3g}, not 0")
 
 
-def search_subject(subject: Subject, max_examples: int = SUITE_EXAMPLES) -> None:
-    """Run the search on a Subject; raises CheckFailed naming the shrunk draw."""
-    from hypothesis import HealthCheck, Verbosity, given, settings
+def check_property_search(subject: Subject, max_examples: int = SUITE_EXAMPLES) -> None:
+    """A derandomized hypothesis search over batch, lengths, per-element masks, causal,
+    dtype and mode finds no break of the core promises.
+
+    `max_examples` draws (the suite's budget unless `property_search` asks for more); a
+    break raises CheckFailed naming the shrunk draw."""
 
     @settings(
         max_examples=max_examples,
@@ -167,12 +170,6 @@ def search_subject(subject: Subject, max_examples: int = SUITE_EXAMPLES) -> None
     search()
 
 
-def check_property_search(subject: Subject) -> None:
-    """A derandomized hypothesis search over batch, lengths, per-element masks, causal,
-    dtype and mode finds no break of the core promises."""
-    search_subject(subject)
-
-
 def property_search(
     variant: str | type[AttentionVariant],
     max_examples: int = 200,
@@ -182,8 +179,6 @@ def property_search(
     """Search `variant` (a registered name or a class) for a break of the core promises
     over `max_examples` derandomized draws; raises CheckFailed describing the smallest
     example found."""
-    from playground.testing import resolve_variant
-
-    search_subject(
+    check_property_search(
         Subject(resolve_variant(variant), impl=impl, options=dict(options or {})), max_examples
     )

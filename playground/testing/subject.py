@@ -1,5 +1,7 @@
 """What a contract check receives: a variant class at contract-suite size, with seeded
-builds and inputs, the lengths worth testing, and the mask combinations it declares."""
+builds and inputs, the lengths worth testing, and the mask combinations it declares; and
+`resolve_variant`, which turns what a caller names (a registered name or a class) into
+the class the Subject wraps."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ from typing import Any, Literal
 import torch
 
 from playground.contract import AttentionVariant, Capabilities, checked_special_sizes
+from playground.errors import ConfigError
+from playground.registry import Registry, default_registry
 
 LONG_LENGTH = 130
 """A length past 128 (and so past every power-of-two block up to it) that every variant
@@ -26,6 +30,20 @@ TRAINING_SEED = 5
 
 Mode = Literal["eval", "train"]
 MODES: tuple[Mode, ...] = ("eval", "train")
+
+
+def resolve_variant(
+    variant: str | type[AttentionVariant], registry: Registry | None = None
+) -> type[AttentionVariant]:
+    """The variant class of a registered name (or the class itself); ConfigError else."""
+    if isinstance(variant, str):
+        return (registry or default_registry()).get(variant)
+    if isinstance(variant, type) and issubclass(variant, AttentionVariant):
+        return variant
+    raise ConfigError(
+        f"the contract suite checks a registered variant name (a str) or "
+        f"an AttentionVariant subclass; got {variant!r} ({type(variant).__name__})"
+    )
 
 
 def _seed_training_call(*_: Any) -> None:

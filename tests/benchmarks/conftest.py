@@ -26,11 +26,14 @@ from typing import Any
 import pytest
 import torch
 
+from playground.errors import PlaygroundError
+from playground.gates.calls import labelled_points
+from playground.gates.slowdown import injected_slowdowns
 from playground.registry import default_registry
+from playground.run.environment import environment
 from playground.run.measure import gemm_flops_per_second
-from playground.run.spec import Spec, VariantPoint, load_spec
-from playground.run.store import environment
-from tests.benchmarks.calls import labelled_points
+from playground.run.spec import Spec, VariantSetup
+from playground.run.spec_loading import load_spec
 
 SEQ_LENS_ENV = "PLAYGROUND_BENCH_SEQ_LENS"
 DEVICE_ENV = "PLAYGROUND_BENCH_DEVICE"
@@ -49,8 +52,8 @@ class BenchSettings:
     smoke: bool
     """No sizes were asked for: run each benchmark once to prove it works."""
 
-    def variant(self, label: str) -> VariantPoint:
-        """The spec's variant point that `pytest_generate_tests` named `label`."""
+    def variant(self, label: str) -> VariantSetup:
+        """The spec's setup that `pytest_generate_tests` named `label`."""
         return labelled_points(self.spec)[label]
 
 
@@ -104,9 +107,19 @@ def bench_threads() -> int:
     return int(text)
 
 
+def check_injected_slowdowns() -> None:
+    """$PLAYGROUND_BENCH_INJECT_SLOWDOWN's refusal (slowdown.py raises PlaygroundError,
+    importable without pytest) as pytest's usage error, before anything is timed."""
+    try:
+        injected_slowdowns()
+    except PlaygroundError as error:
+        raise pytest.UsageError(str(error)) from None
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # Once, before anything is timed or the machine info is read.
     torch.set_num_threads(bench_threads())
+    check_injected_slowdowns()
 
 
 def _device() -> str:

@@ -6,9 +6,9 @@ not only with the code. A fixed matmul, which no code of this project touches, i
 just before each timed round of each benchmark (pytest-benchmark's `pedantic` setup, which
 is not timed): a round's time divided by the reference's just before it is a figure of the
 code alone, as far as the load slows both alike, and the median of those ratios over the
-rounds is what `time_gate.py` compares. The pairing is what helps: the load changes within
-a second, so a reference timed at another moment (once per session, or the fastest of a
-benchmark's references) divides by the wrong machine.
+rounds is what `playground/gates/time.py` compares. The pairing is what helps: the load
+changes within a second, so a reference timed at another moment (once per session, or the
+fastest of a benchmark's references) divides by the wrong machine.
 """
 
 from __future__ import annotations

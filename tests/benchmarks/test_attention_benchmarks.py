@@ -6,9 +6,10 @@ peak memory (deterministic on CPU: the allocator's own records) and, when timed,
 throughput and efficiency against the session's GEMM ceiling, its threads, and each
 round's time beside the reference matmul timed just before it (reference.py).
 `nox -s bench` saves runs; `nox -s bench_compare` fails on a confirmed slow-down
-(time_gate.py) or on any growth of peak memory (memory_gate.py).
+(playground/gates/time.py) or on any growth of peak memory (playground/gates/memory.py).
 
-`PLAYGROUND_BENCH_INJECT_SLOWDOWN` slows chosen benchmarks on purpose (slowdown.py), to
+`PLAYGROUND_BENCH_INJECT_SLOWDOWN` slows chosen benchmarks on purpose
+(playground/gates/slowdown.py), to
 prove the time gate catches it.
 """
 
@@ -17,8 +18,8 @@ from __future__ import annotations
 import pytest
 
 from playground.errors import UnsupportedFeature
+from playground.gates.calls import build_call
 from playground.run.measure import peak_memory_bytes
-from tests.benchmarks.calls import build_call
 from tests.benchmarks.conftest import BenchSettings
 from tests.benchmarks.reference import InterleavedReference, duration_s, rounds_for
 

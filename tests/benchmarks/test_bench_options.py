@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.benchmarks.conftest import THREADS_ENV, bench_threads
-from tests.benchmarks.slowdown import SLOWDOWN_ENV, injected_slowdowns, slowed_down
+from playground.errors import PlaygroundError
+from playground.gates.slowdown import SLOWDOWN_ENV, injected_slowdowns, slowed_down
+from tests.benchmarks.conftest import THREADS_ENV, bench_threads, check_injected_slowdowns
 
 
 def test_threads_default_to_torchs_own_count(monkeypatch):
@@ -34,8 +35,10 @@ def test_slowdowns_are_read_per_benchmark_or_per_variant(monkeypatch):
 @pytest.mark.parametrize("text", ["longformer", "longformer=1", "longformer=fast"])
 def test_a_slowdown_needs_a_factor_above_one(monkeypatch, text):
     monkeypatch.setenv(SLOWDOWN_ENV, text)
-    with pytest.raises(pytest.UsageError, match="BENCHMARK_ID=FACTOR"):
+    with pytest.raises(PlaygroundError, match="BENCHMARK_ID=FACTOR"):
         injected_slowdowns()
+    with pytest.raises(pytest.UsageError, match="BENCHMARK_ID=FACTOR"):
+        check_injected_slowdowns()  # the suite's refusal, before anything is timed
 
 
 @pytest.mark.parametrize("factor", [1.5, 2.0, 1.25, 3.7])

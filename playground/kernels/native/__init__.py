@@ -11,7 +11,7 @@ products, which whole-block torch operations cannot do:
 
 They are optional. Without a C++ compiler, or with PLAYGROUND_NATIVE=0 (or false, no,
 off), torch's flash kernel and the Python backwards in `playground.kernels` run instead,
-with the same results; `status()` says which runs and why.
+with the same results; `build_state()` says which runs and why.
 
 The build uses torch's own extension machinery (`torch.utils.cpp_extension.load`, which
 needs ninja) with -march=native: it is built where it runs. Its directory, under torch's
@@ -44,7 +44,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+import torch
+from torch.utils import cpp_extension
+
 from playground.errors import ConfigError
+
+fcntl: ModuleType | None
+try:
+    import fcntl
+except ImportError:  # not POSIX: torch's own build lock is all there is
+    fcntl = None
 
 SOURCES = tuple(
     Path(__file__).with_name(name)
@@ -63,7 +72,7 @@ LOCK_POLL_S = 0.5
 
 
 @dataclass(frozen=True)
-class NativeStatus:
+class BuildState:
     """Whether the native kernels are in use, and if not, why."""
 
     available: bool
@@ -71,7 +80,7 @@ class NativeStatus:
 
 
 _module: ModuleType | None = None
-_status: NativeStatus | None = None
+_build_state: BuildState | None = None
 
 
 def enabled() -> bool:
@@ -113,8 +122,6 @@ def _torch_signature() -> str:
     """A short hash of the torch installation the library links against and of how it is
     compiled: torch's build.ninja holds absolute paths into one environment, so two
     environments sharing one directory would rebuild it in turn."""
-    import torch
-
     key = [
         torch.__version__,
         str(Path(torch.__file__).resolve().parent),
@@ -140,8 +147,6 @@ def module_name() -> str:
 
 def build_directory() -> Path:
     """Where the library is built: its own directory under torch's extensions cache."""
-    from torch.utils import cpp_extension
-
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
     return Path(root) / module_name()
 
@@ -181,8 +186,6 @@ def _import(directory: Path) -> ModuleType:
 
 def _compile(directory: Path) -> ModuleType:
     """Build the library into `directory` with torch's machinery and import it."""
-    from torch.utils import cpp_extension
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's notes on the compiler's ABI and ninja
         return cpp_extension.load(
@@ -209,9 +212,7 @@ def _building(directory: Path) -> Iterator[None]:
     holds it, for LOCK_WAIT_S at most. The lock is an flock on a file beside the
     directory: the system releases it when its holder dies, so a killed build leaves no
     lock of ours behind (torch's `lock` file it does leave; `_build` handles that)."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: torch's own lock is all there is
+    if fcntl is None:  # not POSIX: torch's own lock is all there is
         yield
         return
     path = directory.with_name(f"{directory.name}.lock")
@@ -231,7 +232,8 @@ def _building(directory: Path) -> Iterator[None]:
                     ) from None
                 if not said:
                     _say(
-                        f"waiting for another process's build of playground.kernels.native ({path})..."
+                        "waiting for another process's build of playground.kernels.native "
+                        f"({path})..."
                     )
                     said = True
                 time.sleep(LOCK_POLL_S)
@@ -270,24 +272,24 @@ def _build() -> ModuleType:
 
 def load() -> ModuleType | None:
     """The compiled module, built on the first call; None when it cannot be had (see
-    `status()`). Later calls return the first call's answer. ConfigError when
+    `build_state()`). Later calls return the first call's answer. ConfigError when
     PLAYGROUND_NATIVE is neither on nor off."""
-    global _module, _status
-    if _status is not None:
+    global _module, _build_state
+    if _build_state is not None:
         return _module
     if not enabled():
         value = os.environ[DISABLE_VARIABLE]
-        _status = NativeStatus(False, f"disabled by {DISABLE_VARIABLE}={value}")
+        _build_state = BuildState(False, f"disabled by {DISABLE_VARIABLE}={value}")
         return None
     try:
         _module = _build()
-        _status = NativeStatus(True, f"built from {', '.join(path.name for path in SOURCES)}")
+        _build_state = BuildState(True, f"built from {', '.join(path.name for path in SOURCES)}")
     except Exception as error:  # no compiler, no ninja, a failed build: the Python path runs
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        _status = NativeStatus(False, f"build failed: {type(error).__name__}: {first_line}")
+        _build_state = BuildState(False, f"build failed: {type(error).__name__}: {first_line}")
         warnings.warn(
-            f"playground.kernels.native could not be built ({_status.reason}); variants with a "
-            f"learned relative bias, a band or a mask_mod run on the slower flash kernel "
+            f"playground.kernels.native could not be built ({_build_state.reason}); variants "
+            f"with a learned relative bias, a band or a mask_mod run on the slower flash kernel "
             f"and Python backwards, with the same results. Install a C++ compiler and "
             f"ninja for the fast ones, or set {DISABLE_VARIABLE}=0 to use the Python "
             f"paths without this warning.",
@@ -297,14 +299,10 @@ def load() -> ModuleType | None:
     return _module
 
 
-def prepare() -> NativeStatus:
-    """Build or load the native kernels now, so that a build never lands inside a
-    measurement: call it before timing anything (it is quick once built)."""
-    return status()
-
-
-def status() -> NativeStatus:
-    """Whether the native kernels are in use (building them if not yet tried)."""
+def build_state() -> BuildState:
+    """Whether the native kernels are in use, building or loading them if not yet tried:
+    call it before timing anything, so that a build never lands inside a measurement (it
+    is quick once built)."""
     load()
-    assert _status is not None
-    return _status
+    assert _build_state is not None
+    return _build_state

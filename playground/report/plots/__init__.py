@@ -11,16 +11,16 @@ sequence; and T5's relative bias per head. A variant keeps one colour in every f
 listed in each figure's footnote, with the device, dtype and torch version.
 """
 
-from playground.report.plots.data import PlotError, Run, load_run
-from playground.report.plots.figures import FIGURES_DIR, figures, plot_run
+from playground.report.plots.data import PlotError, RunData, load_run
+from playground.report.plots.figures import FIGURES_DIR, draw_figures, plot_run
 from playground.report.plots.style import FORMATS, variant_colour
 
 __all__ = [
     "FIGURES_DIR",
     "FORMATS",
     "PlotError",
-    "Run",
-    "figures",
+    "RunData",
+    "draw_figures",
     "load_run",
     "plot_run",
     "variant_colour",

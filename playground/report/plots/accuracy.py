@@ -12,7 +12,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from playground.report.plots.data import OK, Run
+from playground.report.plots.data import OK, RunData
 from playground.report.plots.style import (
     PANEL_SIZE,
     failure_note,
@@ -39,8 +39,8 @@ def _chance_handle() -> Line2D:
     return Line2D([], [], label="chance level", **CHANCE_STYLE)
 
 
-def accuracy_figure(run: Run) -> Figure | None:
-    """Grouped bars: one group per task, one bar per variant point; None without
+def accuracy_figure(run: RunData) -> Figure | None:
+    """Grouped bars: one group per task, one bar per setup; None without
     accuracy rows."""
     rows = run.accuracy
     if not rows:
@@ -110,7 +110,7 @@ def _training_notes(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _cost_rows(
-    run: Run, labels: list[str], seq_len: int | None
+    run: RunData, labels: list[str], seq_len: int | None
 ) -> tuple[dict[str, dict], int | None]:
     """accuracy label -> its forward measurement row at one n, and that n: the given one,
     or the n at which the most of these labels were measured (the longest on a tie)."""
@@ -157,7 +157,7 @@ def _pareto(axes: Axes, points: list[tuple[float, float]]) -> None:
         axes.step(*zip(*front, strict=True), where="post", color="0.6", linewidth=1, zorder=0)
 
 
-def cost_accuracy_figure(run: Run, seq_len: int | None = None) -> Figure | None:
+def cost_accuracy_figure(run: RunData, seq_len: int | None = None) -> Figure | None:
     """Per task, accuracy against time and against peak memory at one n (or against
     training time when the run measured no speed); None without accuracy rows."""
     rows = [
@@ -256,8 +256,8 @@ def _task_length(rows: list[dict[str, Any]], task: str) -> int | None:
     return None
 
 
-def _exact_at(run: Run, label: str, n: int) -> bool:
-    """Whether this variant point is exact attention at length n but not everywhere: its
+def _exact_at(run: RunData, label: str, n: int) -> bool:
+    """Whether this setup is exact attention at length n but not everywhere: its
     fidelity error is ~0 at n (a window that covers every token, say) and not at some
     other measured length. Derived from the measurements, so the core names no variant,
     and exact attention itself is not flagged."""

@@ -1,9 +1,9 @@
 """A run directory read for plotting: its rows split by kind, its environment, its spec,
-and the series (one per variant point) that every figure draws.
+and the series (one per setup) that every figure draws.
 
-Measurement rows come from `playground.run.runner` (one per variant point × n × pass);
-accuracy rows are those with a "task" key (one per variant point × task). A series is
-named by its variant plus the options that vary between that variant's points in this
+Measurement rows come from `playground.run.measurer` (one per setup × n × pass);
+accuracy rows are those with a "task" key (one per setup × task). A series is
+named by its variant plus the options that vary between that variant's setups in this
 run (`linformer k=64`), so legends stay short while fixed options (`seq_len=2048`) are
 left to the report's tables.
 """
@@ -34,7 +34,7 @@ class PlotError(PlaygroundError):
 
 @dataclass(frozen=True)
 class Series:
-    """One variant point: every row with this label, in the order they were measured."""
+    """One setup: every row with this label, in the order they were measured."""
 
     label: str
     variant: str
@@ -48,7 +48,7 @@ class Series:
 
 
 @dataclass
-class Run:
+class RunData:
     """Everything in one run directory that a figure or the report needs."""
 
     directory: Path
@@ -217,7 +217,7 @@ def _sortable(value: Any) -> tuple[int, Any]:
     return (1, _key(value))
 
 
-def load_run(run_dir: str | Path) -> Run:
+def load_run(run_dir: str | Path) -> RunData:
     """Read a run directory; PlotError when it is not one or holds no rows yet."""
     directory = Path(run_dir)
     if not directory.is_dir():
@@ -240,4 +240,4 @@ def load_run(run_dir: str | Path) -> Run:
         spec = tomllib.loads(spec_text)
     except tomllib.TOMLDecodeError:
         spec = {}
-    return Run(directory, rows, env, spec_text, spec)
+    return RunData(directory, rows, env, spec_text, spec)

@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, NullLocator
 
-from playground.report.plots.data import OK, Run, format_value, swept_options
+from playground.report.plots.data import OK, RunData, format_value, swept_options
 from playground.report.plots.scaling import set_length_axis
 from playground.report.plots.style import (
     finish,
@@ -30,7 +30,7 @@ INPUTS = (
 """(row key infix, legend text, line style, marker) of the two fidelity cases."""
 
 
-def _measured(run: Run) -> list[dict[str, Any]]:
+def _measured(run: RunData) -> list[dict[str, Any]]:
     return [
         row
         for row in run.measurements
@@ -126,7 +126,7 @@ def _option_axis(axes: Axes, values: list[Any], option: str) -> Callable[[Any], 
     return lambda value: float(categories.index(format_value(value)))
 
 
-def fidelity_vs_option(run: Run, variant: str, option: str) -> Figure:
+def fidelity_vs_option(run: RunData, variant: str, option: str) -> Figure:
     """One variant's fidelity against one swept option, a line per n (shaded)."""
     rows = [r for r in _measured(run) if r["variant"] == variant and option in r["options"]]
     timed = any(r.get("time_ms") for r in rows)
@@ -163,8 +163,8 @@ def fidelity_vs_option(run: Run, variant: str, option: str) -> Figure:
     return figure
 
 
-def fidelity_vs_length(run: Run) -> Figure:
-    """Every variant point's fidelity against n (for runs that sweep no option)."""
+def fidelity_vs_length(run: RunData) -> Figure:
+    """Every setup's fidelity against n (for runs that sweep no option)."""
     rows = _measured(run)
     figure = new_figure(2, "Fidelity to exact attention vs sequence length")
     axes_pair = _frame(figure)
@@ -190,7 +190,7 @@ def _sort_key(value: Any) -> tuple[int, Any]:
     return (1, format_value(value))
 
 
-def fidelity_figures(run: Run) -> dict[str, Figure]:
+def fidelity_figures(run: RunData) -> dict[str, Figure]:
     """stem -> figure: one per swept (variant, option) with fidelity rows, or one against
     n when nothing is swept; empty when the run measured no fidelity."""
     rows = _measured(run)

@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 
 from playground.registry import Registry
 from playground.report.plots.accuracy import accuracy_figure, cost_accuracy_figure
-from playground.report.plots.data import PlotError, Run, load_run
+from playground.report.plots.data import PlotError, RunData, load_run
 from playground.report.plots.fidelity import fidelity_figures
 from playground.report.plots.patterns import attention_pattern_figure, relative_bias_figure
 from playground.report.plots.scaling import METRICS, scaling_figure
@@ -21,7 +21,7 @@ FIGURES_DIR = "figures"
 """Where plot_run writes by default: <run_dir>/figures/."""
 
 
-def figures(run: Run, registry: Registry | None = None) -> dict[str, Figure]:
+def draw_figures(run: RunData, registry: Registry | None = None) -> dict[str, Figure]:
     """stem -> figure, for everything this run has data for, in reading order."""
     made: dict[str, Figure | None] = {}
     assign_colours(row["variant"] for row in run.rows if "variant" in row)
@@ -77,7 +77,7 @@ def plot_run(
             f"cannot write {out_dir}: {exc.strerror or exc}; give --out a directory for the figures"
         ) from exc
     written: list[Path] = []
-    for stem, figure in figures(run, registry).items():
+    for stem, figure in draw_figures(run, registry).items():
         try:
             written.extend(save(figure, out_dir, stem, formats))
         except OSError:

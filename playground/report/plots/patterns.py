@@ -35,7 +35,7 @@ from playground.contract import (
 )
 from playground.errors import PlaygroundError
 from playground.registry import Registry, default_registry
-from playground.report.plots.data import Run, declared, format_value
+from playground.report.plots.data import RunData, declared, format_value
 from playground.report.plots.style import PANEL_SIZE, finish, readable, variant_colour
 from playground.run.fidelity import LOCAL_SCALE, copy_reference_weights, local_tokens
 from playground.softmax_attention import ExactAttention
@@ -108,7 +108,7 @@ def _bar_ticks(bar: Colorbar, low: float, high: float, count: int) -> None:
 
 
 def attention_pattern_figure(
-    run: Run, registry: Registry | None = None, n: int = PATTERN_LENGTH
+    run: RunData, registry: Registry | None = None, n: int = PATTERN_LENGTH
 ) -> Figure:
     """Weights (top) and mask (bottom) of every variant in the run, on n tokens."""
     registry = registry or default_registry()
@@ -201,7 +201,7 @@ BIAS_HEADS = 4
 
 
 def relative_bias_figure(
-    run: Run, registry: Registry | None = None, n: int = PATTERN_LENGTH
+    run: RunData, registry: Registry | None = None, n: int = PATTERN_LENGTH
 ) -> Figure | None:
     """Per variant of the run whose `logit_bias` hook gives one, the bias it adds to its
     scores by position alone, as initialised, for a few heads; None when none does."""

@@ -1,5 +1,5 @@
 """Cost against sequence length: time, peak memory and efficiency vs n, one panel per
-pass, one line per variant point, fitted exponents in the legend."""
+pass, one line per setup, fitted exponents in the legend."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
 
-from playground.report.plots.data import OK, Run
+from playground.report.plots.data import OK, RunData
 from playground.report.plots.style import (
-    PASS_TITLES,
     failure_note,
     finish,
     legend,
@@ -25,7 +24,7 @@ from playground.report.plots.style import (
     series_marker,
     status_handles,
 )
-from playground.report.summary import exponents
+from playground.report.summary import PASS_TITLES, exponents
 
 
 @dataclass(frozen=True)
@@ -95,7 +94,7 @@ def _reference_slopes(axes: Axes, anchors: list[tuple[int, float]]) -> None:
         )
 
 
-def _exponent_text(run: Run, label: str, metric: Metric) -> str:
+def _exponent_text(run: RunData, label: str, metric: Metric) -> str:
     """`n^1.98 | n^1.95` (mathtext): the fitted exponent per pass, '–' where fewer than
     two lengths were measured; empty when no pass has a fit."""
     if metric.exponent is None:
@@ -109,7 +108,7 @@ def _exponent_text(run: Run, label: str, metric: Metric) -> str:
     return "  " + " | ".join("–" if v is None else f"$n^{{{v:.2f}}}$" for v in fitted)
 
 
-def scaling_figure(run: Run, metric: Metric) -> Figure | None:
+def scaling_figure(run: RunData, metric: Metric) -> Figure | None:
     """One metric vs n; None when no row measured it."""
     rows = run.measurements
     if not any(row.get(metric.key) is not None for row in rows):
@@ -217,7 +216,7 @@ _FLAGGED_HANDLE = Line2D(
 )
 
 
-def _limit_handle(run: Run) -> Line2D:
+def _limit_handle(run: RunData) -> Line2D:
     """The legend entry of the 1.0 line: the measured GEMM throughput."""
     gemm = run.env.get("gemm_flops_per_s")
     text = "1.0 = measured GEMM throughput"

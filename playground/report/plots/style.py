@@ -20,10 +20,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import LogFormatter
 from matplotlib.transforms import blended_transform_factory
 
-from playground.report.plots.data import Run, Series, declared
-from playground.report.summary import PASS_TITLES
-
-__all__ = ["PASS_TITLES"]  # re-exported: the figures and the benchmark history use it
+from playground.report.plots.data import RunData, Series, declared
 
 PALETTE = (
     "#1f77b4",  # blue
@@ -126,7 +123,7 @@ def shade(variant: str, index: int, count: int) -> tuple[float, float, float]:
 
 
 def series_colour(series: Series) -> tuple[float, float, float]:
-    """A variant point's colour: its variant's hue, shaded by its place in the sweep."""
+    """A setup's colour: its variant's hue, shaded by its place in the sweep."""
     return shade(series.variant, series.point, series.points)
 
 
@@ -143,7 +140,7 @@ def new_figure(panels: int, title: str, rows: int = 1, extra_width: float = 2.6)
     return figure
 
 
-def finish(figure: Figure, run: Run, notes: Sequence[str] = (), max_notes: int = 6) -> None:
+def finish(figure: Figure, run: RunData, notes: Sequence[str] = (), max_notes: int = 6) -> None:
     """The footnote: the environment line, then up to `max_notes` notes (failed cells,
     points left out) and how many more the report lists."""
     lines = [run.environment_note()]

@@ -3,8 +3,8 @@ Distributed Framework for Emerging AI Applications").
 
 Two lanes, because timing and training want different things:
 
-- **Timing cells** (speed, memory, fidelity) run one at a time per node. Each task asks
-  for every CPU of the node it is pinned to, so nothing else (another timing cell, a
+- **Cost cells** (speed, memory, fidelity) run one at a time per node. Each task asks
+  for every CPU of the node it is pinned to, so nothing else (another cost cell, a
   training seed) shares the node while it is measured. It runs on an explicit torch
   thread count (the spec's, else the node's CPUs; Ray would otherwise leave
   OMP_NUM_THREADS=1), and its efficiency is against *that node's* GEMM throughput,
@@ -32,19 +32,19 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from playground.errors import PlaygroundError
 from playground.kernels import native
 from playground.registry import LoadStep, Registry
+from playground.run.cells import Cell
+from playground.run.context import Record, RunContext
 from playground.run.measure import gemm_flops_per_second, using_threads
-from playground.run.seeds import SeedOutcome, SeedTask, missing_variant, run_seed
-
-if TYPE_CHECKING:
-    from playground.run.runner import Cell, Runner
-    from playground.run.spec import Spec
+from playground.run.measurer import Measurer
+from playground.run.seeds import SeedOutcome, SeedTask, missing_variant, train_seed_task
+from playground.run.spec import Spec
 
 INSTALL_HINT = "pip install 'attention-playground[ray]' (or pip install ray)"
 CONNECT_TIMEOUT_S = 5.0
@@ -75,7 +75,7 @@ class NodeFacts:
     hostname: str
     cpus: int
     threads: int
-    """The torch threads its timing cells run on."""
+    """The torch threads its cost cells run on."""
     gemm_flops: float | None
     """Its GEMM throughput at `threads` (None when the run measures no speed)."""
 
@@ -127,11 +127,9 @@ def _facts_on_node(node_id: str, cpus: int, threads: int, spec: Spec, speed: boo
 def _measure_on_node(
     spec: Spec, recipe: Sequence[LoadStep], cell: Cell, facts: NodeFacts
 ) -> dict[str, Any]:
-    from playground.run.runner import Measurer
-
     registry = _worker_registry(recipe)
     if spec.device == "cpu":
-        native.prepare()  # a first build on this node is not part of the cell's timing
+        native.build_state()  # a first build on this node is not part of the cell's timing
     measurer = Measurer(spec, registry, facts.threads, facts.gemm_flops, node=facts.hostname)
     missing = _missing_variant(registry, cell.variant.name)
     with using_threads(facts.threads):
@@ -153,7 +151,7 @@ def _train_on_node(recipe: Sequence[LoadStep], task: SeedTask) -> SeedOutcome:
         now = time.time()
         failure = {"status": "error", "error": missing}
         return SeedOutcome(task, None, failure, platform.node(), 1, now, now)
-    return run_seed(registry, task)
+    return train_seed_task(registry, task)
 
 
 def _pinned(node_id: str) -> Any:
@@ -182,7 +180,7 @@ class RaySeedLane:
         self.owns_cluster = owns_cluster
         self.remote = ray.remote(_train_on_node).options(num_cpus=1, max_retries=1)
 
-    def run(self, tasks: Sequence[SeedTask], done: Callable[[SeedOutcome], None]) -> None:
+    def train(self, tasks: Sequence[SeedTask], done: Callable[[SeedOutcome], None]) -> None:
         ray = self.ray
         recipe = ray.put(self.recipe)
         waiting = {self.remote.remote(recipe, task): task for task in tasks}
@@ -224,24 +222,22 @@ class RayExecutor:
         require_ray()  # a missing install is refused before anything runs
         check_address(address)
 
-    def run(
-        self, runner: Runner, cells: Sequence[Cell], record: Callable[[dict[str, Any]], None]
-    ) -> None:
+    def execute(self, context: RunContext, cells: Sequence[Cell], record: Record) -> None:
         ray = require_ray()
         started_here = not ray.is_initialized()
         if started_here:
-            runner.describe("starting Ray" if self.address is None else f"joining {self.address}")
+            context.describe("starting Ray" if self.address is None else f"joining {self.address}")
             ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
         try:
-            recipe = runner.registry.portable_recipe()
+            recipe = context.registry.portable_recipe()
             costs = [cell for cell in cells if cell.task is None]
             trained = [cell for cell in cells if cell.task is not None]
             if costs:
-                self._measure_costs(ray, runner, recipe, costs, record, started_here)
+                self._measure_costs(ray, context, recipe, costs, record, started_here)
             if trained:
-                runner.describe("training seeds on Ray")
+                context.describe("training seeds on Ray")
                 lane = RaySeedLane(ray, recipe, owns_cluster=started_here)
-                runner.measurer.train_packed(trained, lane, record)
+                context.measurer.train_packed(trained, lane, record)
         finally:
             if started_here:
                 ray.shutdown()
@@ -261,19 +257,19 @@ class RayExecutor:
     def _measure_costs(
         self,
         ray: Any,
-        runner: Runner,
+        context: RunContext,
         recipe: Sequence[LoadStep],
         cells: Sequence[Cell],
-        record: Callable[[dict[str, Any]], None],
+        record: Record,
         owns_cluster: bool,
     ) -> None:
-        """One timing cell at a time on each node, the node's every CPU reserved."""
-        spec = runner.spec
+        """One cost cell at a time on each node, the node's every CPU reserved."""
+        spec = context.spec
         speed = "speed" in spec.measures
         nodes = self.nodes(ray)
         facts_task = ray.remote(_facts_on_node)
         measure_task = ray.remote(_measure_on_node)
-        runner.describe(f"measuring the GEMM ceiling on {len(nodes)} Ray node(s)")
+        context.describe(f"measuring the GEMM ceiling on {len(nodes)} Ray node(s)")
         pending = [
             facts_task.options(num_cpus=cpus, scheduling_strategy=_pinned(node_id)).remote(
                 node_id, cpus, spec.threads or cpus, spec, speed
@@ -300,7 +296,7 @@ class RayExecutor:
                     }
                     ref = measure_task.options(**options).remote(spec, recipe_ref, cell, node)
                     running[ref] = (node, cell)
-                runner.describe(f"{len(running)} timing cell(s) on {len(facts)} node(s)")
+                context.describe(f"{len(running)} cost cell(s) on {len(facts)} node(s)")
                 ready, _ = ray.wait(list(running), num_returns=1)
                 for ref in ready:
                     node, cell = running.pop(ref)
@@ -308,7 +304,7 @@ class RayExecutor:
                     try:
                         row = ray.get(ref)
                     except ray.exceptions.RayError as error:
-                        row = runner.measurer.row(cell)
+                        row = context.measurer.row(cell)
                         now = time.time()
                         row.update(
                             status="error",

@@ -1,0 +1,164 @@
+"""The argument parser of the `playground` command: every command, its options and help
+text, and the function that handles it."""
+
+from __future__ import annotations
+
+import argparse
+
+from playground.cli.runs import (
+    command_compare,
+    command_plot,
+    command_repair,
+    command_run,
+)
+from playground.cli.variants import (
+    command_check,
+    command_info,
+    command_list,
+    command_new,
+    command_plugins,
+)
+from playground.report.plots import FORMATS
+from playground.run.spec import DTYPES
+from playground.run.store import REJECTED
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"takes a positive integer, like 2; got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--plugins-dir",
+        action="append",
+        metavar="DIR",
+        default=argparse.SUPPRESS,
+        help="also load every *.py in DIR as a plugin (repeatable; see also "
+        "PLAYGROUND_PLUGINS_PATH)",
+    )
+    parser = argparse.ArgumentParser(
+        prog="playground",
+        description="Attention variants as plugins: list them, inspect them, check them "
+        "against the contract suite.",
+        parents=[common],
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    listing = commands.add_parser(
+        "list", parents=[common], help="table of variants: source, complexity, capabilities"
+    )
+    listing.set_defaults(handler=command_list)
+    info = commands.add_parser(
+        "info", parents=[common], help="one variant: paper, options, capabilities"
+    )
+    info.add_argument("name", help="variant name (see `playground list`)")
+    info.set_defaults(handler=command_info)
+    plugins = commands.add_parser(
+        "plugins", parents=[common], help="every plugin source and its load errors"
+    )
+    plugins.set_defaults(handler=command_plugins)
+    check = commands.add_parser(
+        "check", parents=[common], help="run the contract suite; exit 1 on any failure"
+    )
+    check.add_argument("names", nargs="*", metavar="NAME", help="variants to check")
+    check.add_argument("--all", action="store_true", help="check every registered variant")
+    check.add_argument(
+        "-k", dest="selection", metavar="TEXT", help="only checks whose name contains TEXT"
+    )
+    check.add_argument("-v", "--verbose", action="store_true", help="list passed checks too")
+    check.set_defaults(handler=command_check)
+
+    run = commands.add_parser(
+        "run", parents=[common], help="measure the variants of an experiment spec"
+    )
+    run.add_argument("spec", nargs="?", help="a spec file, or a shipped spec: quick, scaling, ...")
+    compare = commands.add_parser(
+        "compare", parents=[common], help="the main job: the quick spec over every variant"
+    )
+    for sub in (run, compare):
+        sub.add_argument("--device", choices=("cpu", "cuda"), help="override the spec's device")
+        sub.add_argument("--variants", metavar="A,B", help="only these variants")
+        sub.add_argument(
+            "--dtype", choices=tuple(DTYPES), help="override the spec's dtype (float32, ...)"
+        )
+        sub.add_argument("--seq-lens", metavar="N,M", help="override the spec's sequence lengths")
+        sub.add_argument(
+            "--threads",
+            type=_positive_int,
+            metavar="N",
+            help="torch threads to measure with (default: the spec's, else torch's own)",
+        )
+        sub.add_argument(
+            "--accuracy-workers",
+            type=_positive_int,
+            metavar="N",
+            help="one-thread processes that train accuracy seeds side by side (default: "
+            "the spec's, else one per core on a CPU; 1 trains them in this process)",
+        )
+        sub.add_argument(
+            "--executor",
+            choices=("local", "ray"),
+            help="where the cells run (default: the spec's, else local); ray needs "
+            "pip install 'attention-playground[ray]'",
+        )
+        sub.add_argument(
+            "--address",
+            metavar="ADDR",
+            help="the Ray cluster to join (default: RAY_ADDRESS, else a fresh local one)",
+        )
+        sub.add_argument(
+            "--out", default="results", metavar="DIR", help="results root (default: results)"
+        )
+    run.add_argument("--resume", metavar="RUN_DIR", help="run only the cells RUN_DIR lacks")
+    run.set_defaults(handler=command_run)
+    compare.set_defaults(handler=command_compare)
+
+    repair = commands.add_parser(
+        "repair",
+        parents=[common],
+        help=f"move what a run directory cannot read aside (bad lines to {REJECTED})",
+    )
+    repair.add_argument("run_dir", metavar="RUN_DIR", help="results/<experiment>/<timestamp>")
+    repair.set_defaults(handler=command_repair)
+
+    new = commands.add_parser(
+        "new", parents=[common], help="scaffold plugins/NAME.py: a variant that passes the suite"
+    )
+    new.add_argument("name", metavar="NAME", help="lower-case identifier; the file is NAME.py")
+    new.add_argument(
+        "--from",
+        dest="copy_from",
+        metavar="VARIANT",
+        help="copy this registered variant's file, renamed (default: the readable template)",
+    )
+    new.add_argument(
+        "--kind",
+        choices=("reference", "mod"),
+        default="reference",
+        help="reference: exact attention spelled out (default); mod: a SoftmaxAttention with "
+        "a score_mod and a mask_mod",
+    )
+    new.add_argument("--dir", metavar="DIR", help="write DIR/NAME.py instead of plugins/")
+    new.set_defaults(handler=command_new)
+
+    plot = commands.add_parser(
+        "plot", parents=[common], help="figures and report.html of a run (or benchmark history)"
+    )
+    plot.add_argument(
+        "run_dir", nargs="?", metavar="RUN_DIR", help="results/<experiment>/<timestamp>"
+    )
+    plot.add_argument("--out", metavar="DIR", help="where figures go (default: RUN_DIR/figures)")
+    plot.add_argument("--format", choices=FORMATS, default="png", help="figure format")
+    plot.add_argument(
+        "--benchmarks",
+        action="store_true",
+        help="plot the history of saved pytest-benchmark runs (RUN_DIR defaults to .benchmarks)",
+    )
+    plot.set_defaults(handler=command_plot)
+    return parser

@@ -1,0 +1,223 @@
+"""The commands that measure and show runs: run (and --resume), compare, plot and repair."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.markup import escape
+
+from playground.cli.output import console, error_console, warn_failed_plugins
+from playground.errors import PlaygroundError
+from playground.registry import Registry
+from playground.report.bench_history import plot_history
+from playground.report.pages import write_report
+from playground.report.plots import plot_run
+from playground.report.summary import write_summary
+from playground.report.tables import print_accuracy, print_nodes, print_summary
+from playground.run.cells import plan
+from playground.run.context import Executor
+from playground.run.executors import executor_for
+from playground.run.measurer import check_device
+from playground.run.resume import LANE_SETTINGS, resume
+from playground.run.runner import Runner
+from playground.run.spec_loading import apply_overrides, load_spec
+from playground.run.store import REJECTED, ROWS, RunStore, unwritable
+
+
+def _interrupted(store: RunStore, count: int | None = None) -> int:
+    done = (
+        ""
+        if count is None
+        else f" after {count} new cells; every finished row is in {store.path(ROWS)}"
+    )
+    console.print(
+        f"[yellow]interrupted[/yellow]{escape(done)}. Continue with: "
+        f"playground run --resume {escape(str(store.directory))}",
+        soft_wrap=True,
+    )
+    return 130
+
+
+def _execute(registry: Registry, store: RunStore, spec, overrides: dict, executor: Executor) -> int:
+    runner = Runner(spec, registry, store, console)
+    try:
+        runner.start(overrides)
+        pending = len(runner.pending())
+        console.print(
+            f"[bold]{spec.name}[/bold]: {len(plan(spec))} cells ({pending} to run, on "
+            f"{runner.threads} threads, {executor.name} executor) → {store.directory}"
+        )
+    except KeyboardInterrupt:
+        return _interrupted(store)
+    count, completed = runner.measure_pending(executor)
+    try:  # a second Ctrl-C (while the figures are drawn, say) ends with the same hint
+        lines = write_summary(store, runner.spec.baseline)
+        print_summary(lines, console)
+        print_accuracy(store.rows(), console)
+        print_nodes(store.rows(), console)
+        if store.rows():
+            _plot_and_report(registry, store.directory, None, ("png",))
+    except KeyboardInterrupt:
+        return _interrupted(store, count)
+    if not completed:
+        return _interrupted(store, count)
+    console.print(f"results: {store.directory}")
+    rows = store.rows()
+    errors = sum(row["status"] == "error" for row in rows)
+    invalid = sum(row["status"] == "invalid" for row in rows)
+    if errors:
+        error_console.print(f"[red]{errors} cell(s) raised an error[/red] (see the table above)")
+    if invalid:
+        error_console.print(
+            f"[red]{invalid} cell(s) returned something the contract forbids[/red] (status "
+            f"invalid, see the table above; `playground check NAME` tells more)"
+        )
+    if errors or invalid:
+        error_console.print("exit status 1")
+        return 1
+    return 0
+
+
+def _overrides(arguments: argparse.Namespace) -> dict:
+    seq_lens = None
+    if getattr(arguments, "seq_lens", None):
+        try:
+            seq_lens = [int(n) for n in arguments.seq_lens.split(",")]
+        except ValueError:
+            raise PlaygroundError(
+                f"--seq-lens takes comma-separated integers, like 256,512; got {arguments.seq_lens!r}"
+            ) from None
+        if any(n < 1 for n in seq_lens) or len(set(seq_lens)) != len(seq_lens):
+            raise PlaygroundError(
+                f"--seq-lens takes distinct positive lengths, like 256,512; got {arguments.seq_lens!r}"
+            )
+    variants = getattr(arguments, "variants", None)
+    plugins_dirs = getattr(arguments, "plugins_dir", None) or []
+    return {
+        "device": arguments.device,
+        "dtype": getattr(arguments, "dtype", None),
+        "threads": arguments.threads,
+        "accuracy_workers": getattr(arguments, "accuracy_workers", None),
+        "executor": getattr(arguments, "executor", None),
+        "address": getattr(arguments, "address", None),
+        "seq_lens": seq_lens,
+        "variants": variants.split(",") if variants else None,
+        # absolute, so a resume from another working directory finds the same plugins
+        "plugins_dirs": [str(Path(directory).resolve()) for directory in plugins_dirs],
+    }
+
+
+def command_run(registry: Registry, arguments: argparse.Namespace) -> int:
+    if arguments.resume:
+        given = [
+            flag
+            for flag, value in (
+                ("SPEC", arguments.spec),
+                ("--device", arguments.device),
+                ("--dtype", arguments.dtype),
+                ("--variants", arguments.variants),
+                ("--seq-lens", arguments.seq_lens),
+                ("--threads", arguments.threads),
+            )
+            if value
+        ]
+        if given:
+            raise PlaygroundError(
+                f"--resume runs the cells its run lacks with the spec and options it started "
+                f"with; drop {', '.join(given)} (or start a new run without --resume)"
+            )
+        resumed = resume(
+            arguments.resume,
+            registry,
+            getattr(arguments, "plugins_dir", None) or [],
+            lane={key: getattr(arguments, key) for key in LANE_SETTINGS},
+            reloaded=lambda loaded: warn_failed_plugins(
+                loaded, getattr(arguments, "warned_plugins", None)
+            ),
+        )
+        registry, store, spec = resumed.registry, resumed.store, resumed.spec
+        overrides = resumed.overrides
+        executor = executor_for(spec)
+    else:
+        if not arguments.spec:
+            raise PlaygroundError(
+                "give a spec file (or a shipped spec name such as quick), or --resume RUN_DIR"
+            )
+        overrides = _overrides(arguments)
+        spec = apply_overrides(load_spec(arguments.spec, registry), registry, overrides)
+        check_device(spec.device)
+        executor = executor_for(spec)
+        store = RunStore.create(arguments.out, spec.name)
+    return _execute(registry, store, spec, overrides, executor)
+
+
+def command_compare(registry: Registry, arguments: argparse.Namespace) -> int:
+    overrides = _overrides(arguments)
+    spec = apply_overrides(load_spec("quick", registry), registry, overrides)
+    check_device(spec.device)
+    executor = executor_for(spec)
+    store = RunStore.create(arguments.out, spec.name)
+    return _execute(registry, store, spec, overrides, executor)
+
+
+def _plot_and_report(
+    registry: Registry, run_dir: Path, out: Path | None, formats: Sequence[str]
+) -> None:
+    if out is not None and out.exists() and not out.is_dir():
+        raise PlaygroundError(f"--out {out} is a file; give a directory for the figures")
+    try:
+        figures = plot_run(run_dir, out, formats, registry=registry)
+    except OSError as error:
+        where = Path(error.filename) if error.filename else out or run_dir
+        raise unwritable(where, error, "give --out a directory you can write to") from None
+    try:
+        html, markdown = write_report(run_dir, figures)
+    except OSError as error:
+        where = Path(error.filename) if error.filename else run_dir
+        raise unwritable(where, error, "check that the run directory is writable") from None
+    console.print(f"{len(figures)} figures in {figures[0].parent if figures else run_dir}")
+    console.print(f"report: {html} (and {markdown.name})")
+
+
+def command_plot(registry: Registry, arguments: argparse.Namespace) -> int:
+    if arguments.benchmarks:
+        out = Path(arguments.out or "bench_history.png")
+        console.print(f"wrote {plot_history(Path(arguments.run_dir or '.benchmarks'), out)}")
+        return 0
+    if not arguments.run_dir:
+        raise PlaygroundError(
+            "give a run directory (results/<experiment>/<timestamp>/), or --benchmarks"
+        )
+    _plot_and_report(
+        registry,
+        Path(arguments.run_dir),
+        Path(arguments.out) if arguments.out else None,
+        [arguments.format],
+    )
+    return 0
+
+
+def command_repair(registry: Registry, arguments: argparse.Namespace) -> int:
+    store = RunStore.existing(arguments.run_dir)
+    done = store.repair()
+    if not done:
+        console.print(f"nothing to repair in {escape(str(store.directory))}", soft_wrap=True)
+        return 0
+    for source, destination in done.moved:
+        console.print(f"moved {escape(str(source))} to {escape(destination.name)}", soft_wrap=True)
+    for line in done.lines:
+        console.print(f"line {line.number} {escape(line.reason)}", soft_wrap=True)
+    if done.lines:
+        console.print(
+            f"moved {len(done.lines)} line(s) to {escape(str(store.path(REJECTED)))} (kept "
+            f"as they were)",
+            soft_wrap=True,
+        )
+    console.print(
+        f"resume with: playground run --resume {escape(str(store.directory))} (it measures "
+        f"the cells of those lines again)",
+        soft_wrap=True,
+    )
+    return 0

@@ -1,0 +1,238 @@
+"""The run's summary as terminal tables (rich): the lines of `report.summary` one block per
+setup, the fitted exponents, the accuracy rows, and the nodes of a distributed
+run. `summary_entries` and `exponent_entries` are the text of each table entry, shared
+with report.html and report.md (`report.pages`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from playground.report.summary import OK, PASS_TITLES, Line, accuracy_rows, baseline_note
+from playground.run.fidelity import CAUSAL_REFERENCE
+from playground.run.measure import FLAG_MEANINGS, ScalingFit
+from playground.run.stats import accuracy_bounds, format_interval
+
+
+def _format(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_accuracy(rows: list[dict[str, Any]], console: Console) -> None:
+    """variant × task: accuracy mean [95% interval] over seeds, each seed, chance."""
+    accuracy = accuracy_rows(rows)
+    if not accuracy:
+        return
+    table = Table(title="Accuracy on held-out examples (mean [95% interval over seeds])")
+    for column in ("task", "variant", "accuracy", "seeds", "chance", "train s/seed", "status"):
+        table.add_column(column)
+    for row in accuracy:
+        ok = row["status"] == "ok"
+        table.add_row(
+            row["task_label"],
+            row["label"],
+            format_interval(row["accuracy_mean"], accuracy_bounds(row)) if ok else "-",
+            ", ".join(f"{a:.3f}" for a in row["accuracy_per_seed"]) if ok else "-",
+            _format(row["chance"], ".3f"),
+            _format(row["train_time_s"], ".1f"),
+            row["status"] if ok else f"[red]{row['status']}[/red]: {escape(str(row['error']))}",
+        )
+    console.print(table)
+
+
+def node_facts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per node that measured cost cells: hostname, Ray node id, threads, its GEMM
+    throughput, its cells and their median efficiency. One dict per node of a
+    distributed run; a slower node shows as a lower GEMM figure with an efficiency like
+    the others' (the hardware), or a lower efficiency (something else on it)."""
+    nodes: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if "pass" not in row or row.get("status") != "ok":
+            continue
+        key = row.get("node_id") or row.get("node") or "?"
+        facts = nodes.setdefault(
+            key,
+            {
+                "node": row.get("node"),
+                "node_id": row.get("node_id"),
+                "threads": row.get("threads"),
+                "gemm_flops_per_s": row.get("gemm_flops_per_s"),
+                "cells": 0,
+                "efficiencies": [],
+            },
+        )
+        facts["cells"] += 1
+        if row.get("efficiency") is not None:
+            facts["efficiencies"].append(row["efficiency"])
+    for facts in nodes.values():
+        found = sorted(facts.pop("efficiencies"))
+        facts["median_efficiency"] = found[len(found) // 2] if found else None
+    return list(nodes.values())
+
+
+def print_nodes(rows: list[dict[str, Any]], console: Console) -> None:
+    """The node table, when more than one node measured the run's cost cells."""
+    nodes = node_facts(rows)
+    if len(nodes) < 2:
+        return
+    table = compact_table("Nodes (efficiency is against each node's own GEMM throughput)")
+    for column in ("node", "node id", "threads", "GEMM GFLOP/s", "cells", "median efficiency"):
+        table.add_column(column)
+    for node in nodes:
+        gemm = node["gemm_flops_per_s"]
+        table.add_row(
+            str(node["node"]),
+            (node["node_id"] or "-")[:12],
+            str(node["threads"]),
+            _format(None if gemm is None else gemm / 1e9, ".1f"),
+            str(node["cells"]),
+            _format(node["median_efficiency"], ".2f"),
+        )
+    console.print(table)
+
+
+SUMMARY_COLUMNS = (
+    "variant",
+    "pass",
+    "n",
+    "time ms",
+    "IQR ms",
+    "peak MiB",
+    "efficiency",
+    "vs baseline",
+    "rel err",
+    "rel err local",
+    "cosine",
+    "flags",
+    "status",
+)
+EXPONENT_COLUMNS = ("variant", "pass", "time exponent", "memory exponent")
+
+
+def summary_entries(line: Line) -> list[str]:
+    """One Line as the text of SUMMARY_COLUMNS (the terminal table and the report)."""
+    speedup = line.speedup_vs_baseline
+    return [
+        line.label,
+        line.pass_name,
+        str(line.seq_len),
+        _format(line.time_ms, ".1f"),
+        _format(line.time_iqr_ms, ".1f"),
+        _format(line.peak_memory_mib, ".1f"),
+        _format(line.efficiency, ".2f"),
+        "no baseline run"
+        if line.baseline_missing and line.time_ms is not None
+        else _format(speedup, ".2f") + ("×" if speedup else ""),
+        _format(line.fidelity_rel_error, ".3g"),
+        _format(line.fidelity_local_rel_error, ".3g"),
+        _format(line.fidelity_cosine, ".3f"),
+        line.flags or "-",
+        line.status,
+    ]
+
+
+def _fit_text(fit: ScalingFit | None) -> str:
+    return "-" if fit is None else fit.text()
+
+
+def exponent_entries(lines: list[Line]) -> list[list[str]]:
+    """EXPONENT_COLUMNS, one row per (setup, pass)."""
+    rows: dict[tuple[str, str], list[str]] = {}
+    for line in lines:
+        rows.setdefault(
+            (line.label, line.pass_name),
+            [
+                line.label,
+                line.pass_name,
+                _fit_text(line.time_fit),
+                _fit_text(line.memory_fit),
+            ],
+        )
+    return list(rows.values())
+
+
+def compact_table(title: str | None = None) -> Table:
+    """A table with one space between columns and no side borders, so that the summary's
+    ten columns fit a 100-column terminal without cutting an entry."""
+    return Table(
+        title=title,
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+        show_edge=False,
+        title_justify="left",
+        title_style="italic",
+    )
+
+
+def _table_without_empty_columns(header: list[str], rows: list[list[str]]) -> Table:
+    """A table of `rows`, less the columns that are "-" in every row (fidelity is not
+    measured on forward+backward, memory may not be measured at all)."""
+    keep = [
+        index
+        for index, column in enumerate(header)
+        if column in ("n", "status") or any(row[index] != "-" for row in rows)
+    ]
+    table = compact_table()
+    for index in keep:
+        table.add_column(header[index], justify="left" if header[index] == "status" else "right")
+    for row in rows:
+        *entries, status = (row[index] for index in keep)
+        table.add_row(*map(escape, entries), status if status == OK else f"[red]{status}[/red]")
+    return table
+
+
+def print_summary(lines: list[Line], console: Console) -> None:
+    """One block per setup: its label on a line of its own (whole, however long),
+    then a table per pass; then the fitted exponents. Fits a 100-column terminal."""
+    if not lines:
+        return
+    console.print("[bold]Summary[/bold] (median time; peak memory above the inputs)")
+    header = [column for column in SUMMARY_COLUMNS if column not in ("variant", "pass")]
+    groups: dict[str, dict[str, list[list[str]]]] = {}
+    for line in lines:
+        _, pass_name, *entries = summary_entries(line)
+        groups.setdefault(line.label, {}).setdefault(pass_name, []).append(entries)
+    for label, passes in groups.items():
+        console.print(f"\n[bold]{escape(label)}[/bold]", soft_wrap=True)
+        for pass_name, rows in passes.items():
+            table = _table_without_empty_columns(header, rows)
+            table.title = PASS_TITLES.get(pass_name, pass_name)
+            console.print(table)
+    shown = {flag for line in lines for flag in line.flags.split("; ") if flag}
+    for flag in (flag for flag in FLAG_MEANINGS if flag in shown):
+        console.print(f"[yellow]{flag}[/yellow]: {FLAG_MEANINGS[flag]}", soft_wrap=True)
+    causal = sorted({line.label for line in lines if line.fidelity_reference == CAUSAL_REFERENCE})
+    if causal:
+        console.print(
+            f"fidelity of {escape(', '.join(causal))} is against causal exact attention: "
+            f"they see no later tokens",
+            soft_wrap=True,
+        )
+    note = baseline_note(lines)
+    if note:
+        console.print(f"[yellow]note[/yellow]: {escape(note)}", soft_wrap=True)
+    console.print(
+        "\n[bold]Scaling[/bold]: fitted exponent of time and memory vs n (1: grows as n, 2: as "
+        "n²), ± its standard error; from two lengths only a two-point slope"
+    )
+    scaling = compact_table()
+    scaling.add_column("variant", no_wrap=True)
+    scaling.add_column("pass", no_wrap=True)
+    scaling.add_column("time exponent", justify="right")
+    scaling.add_column("memory exponent", justify="right")
+    for row in exponent_entries(lines):
+        scaling.add_row(*map(escape, row))
+    console.print(scaling)
+    for line in lines:
+        if line.status != OK:
+            console.print(
+                f"[red]{line.status}[/red] {escape(line.label)} n={line.seq_len} {line.pass_name}: "
+                f"{escape(str(line.error))}",
+                soft_wrap=True,
+            )

@@ -1,0 +1,71 @@
+"""The cells of a spec: one per (setup, seq_len, pass) for the cost measures and one per
+(setup, task) for accuracy, each with a unique id that its row carries as `cell`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from playground.errors import PlaygroundError
+from playground.run.spec import Spec, TaskRun, VariantSetup
+
+COST_MEASURES = ("speed", "memory", "fidelity")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One measurement: a setup at one length and pass (cost), or trained on one
+    task over its seeds (accuracy)."""
+
+    variant: VariantSetup
+    seq_len: int | None = None
+    pass_name: str | None = None
+    task: TaskRun | None = None
+
+    @property
+    def id(self) -> str:
+        if self.task is not None:
+            return accuracy_cell_id(self.variant.label, self.task.label)
+        return f"{self.variant.label}|n={self.seq_len}|{self.pass_name}"
+
+
+def accuracy_cell_id(variant_label: str, task_label: str) -> str:
+    return f"{variant_label}|task={task_label}"
+
+
+def with_stage_rows(row: dict[str, Any], cell: Cell) -> list[dict[str, Any]]:
+    """`row`, then one row per curriculum stage of `cell`'s task: the stage's scores
+    (row_fields' "stages") over the row's other fields, or, when the cell failed, the
+    row's status and error under each stage's label."""
+    if cell.task is None or not cell.task.curriculum:
+        return [row]
+    row = dict(row)
+    scored = row.pop("stages", None) or [
+        {"task_label": label, "task_options": {**cell.task.options, **stage.options}}
+        for label, stage in zip(cell.task.stage_labels, cell.task.curriculum, strict=True)
+    ]
+    return [row] + [
+        {**row, **stage, "cell": accuracy_cell_id(cell.variant.label, stage["task_label"])}
+        for stage in scored
+    ]
+
+
+def plan(spec: Spec) -> list[Cell]:
+    """The cells of a spec, variant by variant: costs short sequences first, then tasks.
+    Every cell id is unique (load_spec and apply_overrides refuse repeats)."""
+    cells: list[Cell] = []
+    for variant in spec.variants:
+        if any(measure in spec.measures for measure in COST_MEASURES):
+            cells += [
+                Cell(variant, n, pass_name)
+                for n in sorted(spec.seq_lens)
+                for pass_name in spec.passes
+            ]
+        if "accuracy" in spec.measures:
+            cells += [Cell(variant, task=task) for task in spec.tasks if task.trains(variant)]
+    seen: set[str] = set()
+    for cell in cells:
+        if cell.id in seen:
+            raise PlaygroundError(f"cell {cell.id!r} is planned twice; the spec repeats it")
+        seen.add(cell.id)
+    return cells

@@ -1,0 +1,153 @@
+"""A spec's [[tasks]] tables, each validated into a TaskRun: the task and its options, the
+training settings (TASK_SETTINGS) and its curriculum of stages."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from playground.errors import PlaygroundError
+from playground.registry import Registry
+from playground.run.accuracy import MODEL_DEFAULTS, Stage, curriculum_tasks, training_label
+from playground.run.spec import (
+    STAGE_SETTINGS,
+    TASK_SETTINGS,
+    Problems,
+    SpecError,
+    TaskRun,
+    is_instance_of,
+)
+from playground.tasks import Task
+
+
+def task_run(
+    entry: Any,
+    index: int,
+    registry: Registry,
+    path: Path,
+    seed: int,
+    problems: Problems,
+    widths: dict[str, int] | None = None,
+) -> TaskRun | None:
+    """A [[tasks]] table: `name`, the task's own options, and the TASK_SETTINGS keys
+    (`seeds` is a count, starting at the spec's seed). `widths`: the spec's top-level
+    d_model and num_heads, where it sets them, for a table that does not. Each problem
+    goes to `problems` (all of them, as far as they can be told apart); None then."""
+    where = f"tasks[{index}]"
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        problems.add(f'{where}: each task needs a name, e.g. {{ name = "mqar" }}')
+        return None
+    found = len(problems.messages)
+    try:
+        task_cls = registry.get_task(entry["name"])
+    except PlaygroundError as error:
+        problems.add(f"{where}.name: {error}")
+        return None
+    settings = {}
+    for key, expected in TASK_SETTINGS.items():
+        if key in entry:
+            value = entry[key]
+            if expected is float:
+                if not is_instance_of(value, float) or not 0 < value < math.inf:
+                    problems.add(f"{where}.{key}: must be a positive number; got {value!r}")
+                    continue
+                value = float(value)
+            elif not is_instance_of(value, expected) or value < 1:
+                problems.add(f"{where}.{key}: must be a positive integer; got {value!r}")
+                continue
+            settings[key] = value
+    chosen = entry.get("variants")
+    if chosen is not None and (
+        not isinstance(chosen, list) or not chosen or not all(isinstance(v, str) for v in chosen)
+    ):
+        problems.add(
+            f"{where}.variants: must be a non-empty list of variant names or labels, "
+            f'e.g. ["my_variant"]'
+        )
+    options = {
+        k: v
+        for k, v in entry.items()
+        if k not in ("name", "variants", "curriculum") and k not in TASK_SETTINGS
+    }
+    try:
+        task = task_cls(**options)
+    except (PlaygroundError, ValueError, TypeError) as error:
+        problems.add(f"{where}: {error}")
+        task = None
+    try:
+        curriculum = curriculum_stages(entry.get("curriculum", []), where)
+    except SpecError as error:
+        problems.add(str(error))
+        curriculum = ()
+    stage_tasks: list[Task] = []
+    if task is not None:
+        try:
+            *stage_tasks, _ = curriculum_tasks(task_cls, options, curriculum)
+        except PlaygroundError as error:
+            problems.add(f"{where}: {error}")
+    inherited = {k: v for k, v in (widths or {}).items() if k not in settings}
+    settings.update(inherited)  # a width the table leaves out is the spec's, if it sets one
+    d_model = settings.get("d_model", MODEL_DEFAULTS["d_model"])
+    num_heads = settings.get("num_heads", MODEL_DEFAULTS["num_heads"])
+    if d_model % num_heads:
+        source = f" (the spec's top-level {', '.join(inherited)})" if inherited else ""
+        problems.add(
+            f"{where}.d_model: {d_model} is not divisible by num_heads = {num_heads}{source}; "
+            f"set both in the [[tasks]] table"
+        )
+    if task is not None:
+        for stage, (stage_task, key) in enumerate(
+            [(t, f"curriculum[{i}].batch_size") for i, t in enumerate(stage_tasks)]
+            + [(task, "batch_size")]
+        ):
+            schedule = curriculum[stage] if stage < len(stage_tasks) else None
+            batch_size = (
+                schedule.batch_size if schedule else settings.get("batch_size")
+            ) or stage_task.default_batch_size
+            if batch_size > stage_task.num_train:
+                problems.add(
+                    f"{where}.{key}: {batch_size} is more than the {stage_task.num_train} "
+                    f"training examples task {stage_task.label!r} generates, so every step "
+                    f"would train on all of them; use at most {stage_task.num_train}"
+                )
+    if task is None or len(problems.messages) > found:
+        return None
+    shape = {k: v for k, v in settings.items() if k in MODEL_DEFAULTS}
+    tagged = bool(curriculum)
+    return TaskRun(
+        name=entry["name"],
+        options=options,
+        label=training_label(task.label, curriculum=tagged, **shape),
+        seeds=tuple(range(seed, seed + settings.pop("seeds", 3))),
+        variants=None if chosen is None else tuple(chosen),
+        curriculum=curriculum,
+        stage_labels=tuple(
+            training_label(each.label, curriculum=tagged, **shape) for each in stage_tasks
+        ),
+        **settings,
+    )
+
+
+def curriculum_stages(entries: Any, where: str) -> tuple[Stage, ...]:
+    """A [[tasks]] table's `curriculum`: a list of tables of task options, each with an
+    optional `steps` and `batch_size`."""
+    example = "e.g. curriculum = [{ seq_len = 64, num_pairs = 4, steps = 600 }]"
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise SpecError(f"{where}.curriculum: must be a list of tables of task options, {example}")
+    stages = []
+    for index, entry in enumerate(entries):
+        for key in STAGE_SETTINGS:
+            if key in entry and (not is_instance_of(entry[key], int) or entry[key] < 1):
+                raise SpecError(
+                    f"{where}.curriculum[{index}].{key}: must be a positive integer; "
+                    f"got {entry[key]!r}"
+                )
+        options = {k: v for k, v in entry.items() if k not in STAGE_SETTINGS}
+        if not options:
+            raise SpecError(
+                f"{where}.curriculum[{index}]: a stage needs at least one task option that "
+                f"differs from the task's, {example}"
+            )
+        stages.append(Stage(options, entry.get("steps"), entry.get("batch_size")))
+    return tuple(stages)

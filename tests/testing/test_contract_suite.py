@@ -1,0 +1,147 @@
+"""Every registered variant passes the contract suite (one pytest test per check, so
+`pytest -k causality` selects by name), and the suite catches deliberately broken
+variants with the right check."""
+
+from __future__ import annotations
+
+import pytest
+
+from playground.testing import CHECKS, check_attention, parametrize_with_checks
+from playground.testing.checks import (
+    check_eval_mode_is_deterministic,
+    check_gradients_reach_every_parameter,
+    check_key_value_default_to_query,
+    check_rejects_malformed_inputs,
+)
+from tests import broken_variants
+
+SPECIFICITY_CHECKS = (
+    check_key_value_default_to_query,
+    check_gradients_reach_every_parameter,
+    check_eval_mode_is_deterministic,
+    check_rejects_malformed_inputs,
+)
+"""Cheap promises every broken variant keeps: it breaks one thing, not everything."""
+
+ALSO_BREAKS = {
+    # Cutting a parameter's gradient in the fast path is also a parameter without one.
+    broken_variants.FastLosesBiasGradient: (check_gradients_reach_every_parameter,),
+    # Overriding forward skips the input checks along with the capability checks.
+    broken_variants.BypassesCapabilities: (check_rejects_malformed_inputs,),
+    # Key/value take no part, so they get no gradient.
+    broken_variants.IgnoresKeys: (check_gradients_reach_every_parameter,),
+    # One position short: the upstream gradient no longer fits the output.
+    broken_variants.WrongShape: (check_gradients_reach_every_parameter,),
+}
+
+
+@parametrize_with_checks()
+def test_contract(case):
+    case.check()
+
+
+@pytest.mark.parametrize(
+    ("broken", "caught_by"),
+    [
+        (broken_variants.LeaksFuture, "check_causality"),
+        (broken_variants.IgnoresPadding, "check_padding_invariance"),
+        (broken_variants.IgnoresPadding, "check_padded_weights_are_zero"),
+        (broken_variants.NaNOnFullyMaskedRow, "check_fully_masked_rows_are_zero"),
+        (broken_variants.FastDisagrees, "check_fast_matches_reference"),
+        (broken_variants.FastLosesBiasGradient, "check_fast_matches_reference"),
+        (broken_variants.CouplesBatch, "check_batch_independence"),
+        (broken_variants.WeightsDoNotSumToOne, "check_weights_sum_to_one"),
+        (broken_variants.DeadParameter, "check_gradients_reach_every_parameter"),
+        (broken_variants.DropoutInEval, "check_eval_mode_is_deterministic"),
+        (broken_variants.Float64Broken, "check_float64"),
+        (broken_variants.OverflowsOnLargeInputs, "check_large_magnitude_inputs"),
+        (broken_variants.BypassesCapabilities, "check_undeclared_features_raise"),
+        (broken_variants.IgnoresKeys, "check_cross_attention"),
+        (broken_variants.WrongShape, "check_output_shape_and_dtype"),
+        (broken_variants.LeaksAboveLength, "check_causality"),
+        (broken_variants.FastLeaksAboveLength, "check_fast_matches_reference"),
+        (broken_variants.LeaksForLaterBatchElements, "check_causality"),
+        (broken_variants.LeaksOnlyThroughGradient, "check_causality"),
+        (broken_variants.IgnoresPaddingInTraining, "check_padding_invariance"),
+        (broken_variants.IgnoresPaddingUnderCausal, "check_padding_invariance"),
+        (broken_variants.FalselyRelative, "check_fast_matches_reference"),
+        (broken_variants.FalselyAdditive, "check_fast_matches_reference"),
+        (broken_variants.Bfloat16BackwardBroken, "check_bfloat16"),
+        (broken_variants.FastGradientSlightlyOff, "check_float64"),
+        (broken_variants.UndeclaredTrainingNoise, "check_training_randomness_is_declared"),
+        (broken_variants.FalselyRandom, "check_training_randomness_is_declared"),
+        (broken_variants.NegativeWeightsDeclaredNonnegative, "check_weights_sum_to_one"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else value.__name__,
+)
+def test_suite_catches_broken_variant(broken, caught_by):
+    check = next(check for check in CHECKS if check.__name__ == caught_by)
+    report = check_attention(broken, checks=[check])
+    assert report.verdict_of(caught_by) == "failed", report.results
+    # Failures are specific: the promises the variant keeps still pass.
+    kept = [
+        c for c in SPECIFICITY_CHECKS if c is not check and c not in ALSO_BREAKS.get(broken, ())
+    ]
+    assert check_attention(broken, checks=kept).ok, check_attention(broken, checks=kept).failures
+
+
+def test_vanilla_passes_with_no_failures_and_reports_reasons_for_skips():
+    """(Every check on vanilla runs in test_contract above; here the report's shape.)"""
+    from playground.testing import checks
+
+    report = check_attention(
+        "vanilla",
+        checks=[
+            checks.check_output_shape_and_dtype,
+            checks.check_undeclared_features_raise,  # skipped: vanilla declares them all
+            checks.check_rejects_malformed_inputs,
+        ],
+    )
+    assert report.ok, report.failures
+    skipped = [r for r in report.results if r.verdict == "skipped"]
+    assert skipped and all(r.reason for r in skipped)
+
+
+def test_skips_only_by_declared_capability():
+    report = check_attention(broken_variants.SelfAttentionOnly)
+    assert report.verdict_of("check_cross_attention") == "skipped"
+    assert report.verdict_of("check_causality") == "skipped"
+    assert report.verdict_of("check_undeclared_features_raise") == "passed"
+    assert report.ok, report.failures
+
+
+def test_the_property_search_finds_what_the_named_checks_miss():
+    from playground.testing import property_search
+    from playground.testing.checks import check_causality
+
+    broken = broken_variants.LeaksAtLengthsDivisibleByThree
+    assert check_attention(broken, checks=[check_causality]).ok  # its lengths miss it
+    with pytest.raises(
+        AssertionError, match=r"leaks the future .*property search.*n_q=(3|6|9|12|15|18)\b"
+    ):
+        property_search(broken, max_examples=100)
+    from playground.testing.properties import check_property_search
+
+    report = check_attention(broken, checks=[check_property_search])
+    assert report.verdict_of("check_property_search") == "failed"
+
+
+def test_the_property_search_is_derandomized():
+    from playground.testing import property_search
+
+    broken = broken_variants.LeaksAtLengthsDivisibleByThree
+    messages = set()
+    for _ in range(2):
+        with pytest.raises(AssertionError) as caught:
+            property_search(broken, max_examples=30)
+        messages.add(str(caught.value))
+    assert len(messages) == 1, messages
+
+
+def test_softmax_attention_without_mods_passes_the_suite():
+    """The core's ExactAttention (no score_mod, no mask_mod): one SDPA call without
+    padding, the blocked path with it."""
+    from playground.softmax_attention import ExactAttention
+
+    report = check_attention(ExactAttention)
+    assert report.ok, report.failures
