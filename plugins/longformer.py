@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -99,9 +100,9 @@ class LongformerAttention(AttentionVariant):
     suite_options = {"attention_window": 4, "global_tokens": (0,)}
 
     @staticmethod
-    def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: object) -> float:
+    def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: Any) -> float:
         window = int(options.get("attention_window", 512))
-        num_global = min(len(set(options.get("global_tokens", ()))), n_q)  # type: ignore[arg-type]
+        num_global = min(len(set(options.get("global_tokens", ()))), n_q)
         projections = 2 * (n_q + 2 * n_k + n_q) * d_model * d_model  # q, k, v, out
         local_pairs = (n_q - num_global) * (min(n_k, window + 1) + num_global)
         scores_and_mix = 2 * 2 * local_pairs * d_model  # Q Kᵀ and P V

@@ -8,7 +8,7 @@ variant's own `flops()`, projections included, ×3 for forward+backward, ÷ the 
 large matmul measured at start), and peak memory above the inputs; then the fitted
 log-log exponents of time and memory over n, with their standard error from three or more
 lengths (from two, a two-point slope). The pass is the one `playground run` times
-(runner.Workload): forward under `torch.no_grad()`, or forward+backward in train mode.
+(measurer.Workload): forward under `torch.no_grad()`, or forward+backward in train mode.
 Batch 1 and fp32, on `--threads N` torch threads (default: torch.get_num_threads()), the
 GEMM included. Each time is the median of at least three timed runs (measure.time_call);
 the IQR is "-" where there is no spread, and a `flags` column names what makes a number
