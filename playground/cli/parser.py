@@ -7,6 +7,7 @@ import argparse
 
 from playground.cli.runs import (
     command_compare,
+    command_eval,
     command_plot,
     command_repair,
     command_run,
@@ -115,9 +116,28 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument(
             "--out", default="results", metavar="DIR", help="results root (default: results)"
         )
+        sub.add_argument(
+            "--save-weights",
+            action="store_true",
+            help="keep every trained model's weights in the run (for `playground eval`)",
+        )
     run.add_argument("--resume", metavar="RUN_DIR", help="run only the cells RUN_DIR lacks")
     run.set_defaults(handler=command_run)
     compare.set_defaults(handler=command_compare)
+
+    evaluate = commands.add_parser(
+        "eval",
+        parents=[common],
+        help="score a run's kept language models at new lengths, appending rows",
+    )
+    evaluate.add_argument("run_dir", metavar="RUN_DIR", help="results/<experiment>/<timestamp>")
+    evaluate.add_argument(
+        "--eval-lengths",
+        required=True,
+        metavar="N,M",
+        help="evaluation lengths, like 4096,8192 (a length a cell has already is skipped)",
+    )
+    evaluate.set_defaults(handler=command_eval)
 
     repair = commands.add_parser(
         "repair",

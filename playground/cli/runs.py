@@ -20,6 +20,7 @@ from playground.run.cells import plan
 from playground.run.context import Executor
 from playground.run.executors import executor_for
 from playground.run.measurer import check_device
+from playground.run.reevaluate import evaluate_again
 from playground.run.resume import LANE_SETTINGS, resume
 from playground.run.runner import Runner
 from playground.run.spec_loading import apply_overrides, load_spec
@@ -80,19 +81,23 @@ def _execute(registry: Registry, store: RunStore, spec, overrides: dict, executo
     return 0
 
 
+def _lengths(text: str, flag: str) -> list[int]:
+    """Comma-separated distinct positive lengths, or PlaygroundError naming the flag."""
+    try:
+        lengths = [int(n) for n in text.split(",")]
+    except ValueError:
+        raise PlaygroundError(
+            f"{flag} takes comma-separated integers, like 256,512; got {text!r}"
+        ) from None
+    if any(n < 1 for n in lengths) or len(set(lengths)) != len(lengths):
+        raise PlaygroundError(f"{flag} takes distinct positive lengths, like 256,512; got {text!r}")
+    return lengths
+
+
 def _overrides(arguments: argparse.Namespace) -> dict:
     seq_lens = None
     if getattr(arguments, "seq_lens", None):
-        try:
-            seq_lens = [int(n) for n in arguments.seq_lens.split(",")]
-        except ValueError:
-            raise PlaygroundError(
-                f"--seq-lens takes comma-separated integers, like 256,512; got {arguments.seq_lens!r}"
-            ) from None
-        if any(n < 1 for n in seq_lens) or len(set(seq_lens)) != len(seq_lens):
-            raise PlaygroundError(
-                f"--seq-lens takes distinct positive lengths, like 256,512; got {arguments.seq_lens!r}"
-            )
+        seq_lens = _lengths(arguments.seq_lens, "--seq-lens")
     variants = getattr(arguments, "variants", None)
     plugins_dirs = getattr(arguments, "plugins_dir", None) or []
     return {
@@ -103,6 +108,7 @@ def _overrides(arguments: argparse.Namespace) -> dict:
         "executor": getattr(arguments, "executor", None),
         "address": getattr(arguments, "address", None),
         "seq_lens": seq_lens,
+        "save_weights": bool(getattr(arguments, "save_weights", False)),
         "variants": variants.split(",") if variants else None,
         # absolute, so a resume from another working directory finds the same plugins
         "plugins_dirs": [str(Path(directory).resolve()) for directory in plugins_dirs],
@@ -196,6 +202,22 @@ def command_plot(registry: Registry, arguments: argparse.Namespace) -> int:
         Path(arguments.out) if arguments.out else None,
         [arguments.format],
     )
+    return 0
+
+
+def command_eval(registry: Registry, arguments: argparse.Namespace) -> int:
+    lengths = _lengths(arguments.eval_lengths, "--eval-lengths")
+    written = evaluate_again(
+        arguments.run_dir,
+        registry,
+        lengths,
+        getattr(arguments, "plugins_dir", None) or [],
+        announce=lambda text: console.print(escape(text), soft_wrap=True),
+    )
+    store = RunStore.existing(arguments.run_dir)
+    console.print(f"{written} row(s) appended to {escape(str(store.path(ROWS)))}", soft_wrap=True)
+    write_summary(store)
+    _plot_and_report(registry, store.directory, None, ("png",))
     return 0
 
 

@@ -191,6 +191,34 @@ def evaluate(
     return correct / max(total, 1)
 
 
+EVAL_TOKENS_PER_BATCH = 16384
+"""Positions per evaluation batch of bits_per_byte: long windows go a few at a time."""
+
+
+@torch.no_grad()
+def bits_per_byte(
+    model: TransformerClassifier, data: TaskData, *, device: torch.device | str = "cpu"
+) -> float:
+    """Cross-entropy in bits over every scored position of `data` (next-byte labels),
+    averaged per position: the total over all of them divided by their number."""
+    model.eval()
+    batch_size = max(1, EVAL_TOKENS_PER_BATCH // data.tokens.shape[1])
+    total, count = 0.0, 0
+    for start in range(0, len(data), batch_size):
+        index = torch.arange(start, min(start + batch_size, len(data)))
+        tokens, labels, mask = _batch(data, index, device)
+        logits, scored_labels = scored_logits(model, tokens, labels, mask)
+        nats = F.cross_entropy(logits.double(), scored_labels, reduction="sum")
+        if not math.isfinite(float(nats)):
+            raise InvalidOutput(
+                f"the model's loss is {float(nats)} on held-out windows of "
+                f"{tokens.shape[1]} tokens: its outputs are not finite there"
+            )
+        total += float(nats)
+        count += scored_labels.numel()
+    return total / max(count, 1) / math.log(2)
+
+
 def majority_rate(data: TaskData) -> float:
     """Accuracy of always answering the most frequent label of `data` (a baseline)."""
     labels = data.labels[data.labels != IGNORE]

@@ -37,6 +37,8 @@ from playground.errors import ConfigError, UnsupportedFeature
 from playground.model.linear_layers import use_fast_linears
 from playground.registry import Registry
 
+PositionalEncodingName = Literal["auto", "sinusoidal", "none"]
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -60,9 +62,11 @@ class ModelConfig:
     """Hidden width of the feed-forward network; 0 = 4 · d_model (§3.3)."""
     dropout: float = 0.0
     """Dropout on embeddings and sublayer outputs (paper 0.1; off for tiny, short runs)."""
-    positional_encoding: Literal["auto", "sinusoidal", "none"] = "auto"
+    positional_encoding: PositionalEncodingName = "auto"
     """"auto": sinusoidal unless the variant encodes positions itself (a relative bias
-    that can be shared across layers, like T5's, replaces it, as in T5)."""
+    that can be shared across layers, like T5's, replaces it, as in T5); "none": no
+    positions from the model at all (NoPE, Kazemnejad et al. 2023), so a variant that does
+    not encode them sees only the causal mask's order."""
     share_across_layers: bool = True
     """Share T5's bias table across layers, and Linformer's projection when its
     sharing="layerwise", as the papers do."""
@@ -82,23 +86,33 @@ class ModelConfig:
             raise ConfigError(f"dropout must be in [0, 1); got {self.dropout}")
 
 
+def sinusoids(length: int, d_model: int) -> torch.Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(…) (Vaswani et al. §3.5):
+    (length, d_model) float32."""
+    position = torch.arange(length, dtype=torch.float32)[:, None]  # (L, 1)
+    frequency = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(length, d_model)  # (L, d_model)
+    table[:, 0::2] = torch.sin(position * frequency)
+    table[:, 1::2] = torch.cos(position * frequency[: d_model // 2])
+    return table
+
+
 class PositionalEncoding(nn.Module):
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(…) (Vaswani et al. §3.5),
-    added to the embeddings. A fixed buffer, not a parameter."""
+    """The sinusoids of §3.5 added to the embeddings: a fixed buffer for the model's
+    `max_seq_len`, computed afresh for a longer input (evaluation beyond the training
+    length), so the encoding is defined at every position, as the paper's formula is."""
 
     table: torch.Tensor  # (max_len, d_model), registered as a buffer below
 
     def __init__(self, d_model: int, max_len: int) -> None:
         super().__init__()
-        position = torch.arange(max_len, dtype=torch.float32)[:, None]  # (L, 1)
-        frequency = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
-        table = torch.zeros(max_len, d_model)  # (L, d_model)
-        table[:, 0::2] = torch.sin(position * frequency)
-        table[:, 1::2] = torch.cos(position * frequency[: d_model // 2])
-        self.register_buffer("table", table, persistent=False)
+        self.register_buffer("table", sinusoids(max_len, d_model), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.table[: x.shape[1]].to(x.dtype)  # (B, L, d_model)
+        length = x.shape[1]
+        if length <= self.table.shape[0]:
+            return x + self.table[:length].to(x.dtype)  # (B, L, d_model)
+        return x + sinusoids(length, x.shape[-1]).to(x.device, x.dtype)
 
 
 class EncoderLayer(nn.Module):

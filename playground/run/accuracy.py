@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -28,10 +28,21 @@ from rich.progress import Progress
 
 from playground.errors import ConfigError, UnsupportedFeature
 from playground.model.training import TrainConfig, evaluate, majority_rate, train
-from playground.model.transformer import ModelConfig, TransformerClassifier, describe
+from playground.model.transformer import (
+    ModelConfig,
+    PositionalEncodingName,
+    TransformerClassifier,
+    describe,
+)
 from playground.registry import Registry
+from playground.run.language import (
+    LanguageScores,
+    evaluation_lengths,
+    language_fields,
+    score_language,
+)
 from playground.run.stats import interval_half_width, proportion_interval
-from playground.tasks import IGNORE, Task
+from playground.tasks import IGNORE, LanguageTask, Task
 
 DEFAULT_SEEDS = (0, 1, 2)
 MODEL_DEFAULTS = {"d_model": 64, "num_heads": 4, "num_layers": 2}
@@ -43,17 +54,34 @@ CURRICULUM_TAG = "curriculum"
 alone is another cell."""
 
 
-def training_label(task_label: str, *, curriculum: bool = False, **shape: int) -> str:
-    """The task's label, with each model setting that is not the default appended
-    (`mqar(seq_len=128, num_pairs=8) d_model=128`), and CURRICULUM_TAG when the model
-    was trained on a curriculum: one task trained at several widths, or alone and after
-    a curriculum, is several cells."""
+POSITIONAL_ENCODINGS = ("auto", "sinusoidal", "none")
+"""The model's own positions (ModelConfig.positional_encoding); "none" is NoPE."""
+
+
+def settings_label(*, positional_encoding: str = "auto", **shape: int) -> str:
+    """Each model setting that is not the default, e.g. `d_model=128 positional_encoding=none`
+    ("" when all are)."""
     changed = [
         f"{k}={shape[k]}"
         for k in MODEL_DEFAULTS
         if shape.get(k, MODEL_DEFAULTS[k]) != MODEL_DEFAULTS[k]
     ]
-    return " ".join([task_label, *changed, *([CURRICULUM_TAG] if curriculum else [])])
+    if positional_encoding != "auto":
+        changed.append(f"positional_encoding={positional_encoding}")
+    return " ".join(changed)
+
+
+def training_label(
+    task_label: str, *, curriculum: bool = False, positional_encoding: str = "auto", **shape: int
+) -> str:
+    """The task's label, with each model setting that is not the default appended
+    (`mqar(seq_len=128, num_pairs=8) d_model=128`), and CURRICULUM_TAG when the model
+    was trained on a curriculum: one task trained at several widths or positions, or alone
+    and after a curriculum, is several cells."""
+    settings = settings_label(positional_encoding=positional_encoding, **shape)
+    return " ".join(
+        part for part in (task_label, settings, CURRICULUM_TAG if curriculum else "") if part
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +158,12 @@ class AccuracyJob:
     """Stages trained first, in order, on the same model (see the module docstring)."""
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
+    positional_encoding: PositionalEncodingName = "auto"
+    """The model's own positions (ModelConfig.positional_encoding; "none" is NoPE)."""
+    eval_lengths: tuple[int, ...] = ()
+    """A language task's evaluation lengths beside its training length."""
+    keep_weights: bool = False
+    """Return each seed's trained weights (SeedResult.weights) for the run to keep."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +187,14 @@ def prepare(registry: Registry, job: AccuracyJob) -> Prepared:
     )
     for each in (*stage_tasks, task):
         check_task_support(registry, job.variant, each)
+    if job.eval_lengths and not isinstance(task, LanguageTask):
+        raise ConfigError(
+            f"eval_lengths applies to language-modelling tasks; task {task.name!r} is scored "
+            "at its own length only"
+        )
+    if isinstance(task, LanguageTask):
+        for length in job.eval_lengths:
+            task.check_eval_length(length)
     model = ModelConfig(
         vocab_size=task.vocab_size,
         num_classes=task.num_classes,
@@ -164,6 +206,7 @@ def prepare(registry: Registry, job: AccuracyJob) -> Prepared:
         num_layers=job.num_layers,
         target=task.target,
         causal=task.needs_causal,
+        positional_encoding=job.positional_encoding,
     )
 
     def schedule(task: Task, steps: int | None, batch_size: int | None) -> TrainConfig:
@@ -180,16 +223,40 @@ def prepare(registry: Registry, job: AccuracyJob) -> Prepared:
     return Prepared(job, task, model, schedule(task, job.steps, job.batch_size), stages)
 
 
+WeightsSink = Callable[[int, dict[str, torch.Tensor]], str]
+"""Keeps one seed's trained weights somewhere and returns where (the run's store)."""
+
+
+def kept_weights(
+    seeds: Sequence[int], results: Sequence[SeedResult], keep: WeightsSink | None
+) -> dict[str, Any]:
+    """The row's "weights" field (seed -> where its weights are kept) when the seeds
+    returned weights; a note instead when there was nowhere to keep them."""
+    if not any(result.weights is not None for result in results):
+        return {}
+    if keep is None:
+        return {"weights_note": "weights were trained but this process had nowhere to keep them"}
+    return {
+        "weights": {
+            str(seed): keep(seed, result.weights)
+            for seed, result in zip(seeds, results, strict=True)
+            if result.weights is not None
+        }
+    }
+
+
 def measure_accuracy(
     registry: Registry,
     job: AccuracyJob,
     *,
     seeds: Sequence[int] = DEFAULT_SEEDS,
     progress: Progress | bool | None = None,
+    keep: WeightsSink | None = None,
 ) -> dict[str, Any]:
     """Train and score `job` once per seed, one seed after another; return the row fields.
 
     Each seed draws its own data (train/test disjoint), initialisation and batch order.
+    `keep`: where each seed's weights go when the job keeps them.
     `progress`: a rich Progress to add a bar to (the runner's own), True for a private one,
     None/False for none. Raises UnsupportedFeature (record as `unsupported`) and ConfigError
     (bad options).
@@ -208,17 +275,17 @@ def measure_accuracy(
     finally:
         if own_progress is not None:
             own_progress.stop()
-    return row_fields(prepared, seeds, results)
+    return {**row_fields(prepared, seeds, results), **kept_weights(seeds, results, keep)}
 
 
 @dataclasses.dataclass(frozen=True)
 class SeedResult:
-    """One seed's model trained and scored."""
+    """One seed's model trained and scored: its accuracy, or a language task's scores."""
 
-    accuracy: float
+    accuracy: float | None
     train_time_s: float
     """Every stage's training and the task's, together."""
-    majority: float
+    majority: float | None
     final_train_loss: float
     model: dict[str, Any]
     scored: int | None = None
@@ -226,6 +293,10 @@ class SeedResult:
     stage_scores: tuple[tuple[float, float], ...] = ()
     """(accuracy, majority baseline) on each curriculum stage's test split, after all
     the training."""
+    language: LanguageScores | None = None
+    """A language task's bits per byte at each length (accuracy is then None)."""
+    weights: dict[str, torch.Tensor] | None = None
+    """The trained model's state dict, on the CPU, when the job keeps weights."""
 
 
 def train_seed(
@@ -254,13 +325,36 @@ def train_seed(
         tests.append(test_data)
         train_time_s += result.train_time_s
     *stage_tests, test_data = tests
-    return SeedResult(
-        accuracy=evaluate(model, test_data, device=job.device),
+    weights = (
+        {name: value.detach().cpu().clone() for name, value in model.state_dict().items()}
+        if job.keep_weights
+        else None
+    )
+    trained = SeedResult(
+        accuracy=None,
+        majority=None,
         train_time_s=train_time_s,
-        majority=majority_rate(test_data),
-        scored=int((test_data.labels != IGNORE).sum()),
         final_train_loss=statistics.fmean(result.losses[-20:]),
         model=describe(model),
+        weights=weights,
+    )
+    task = prepared.task
+    if isinstance(task, LanguageTask):
+        schedule = prepared.training
+        positions = schedule.steps * schedule.batch_size * task.seq_len
+        language = score_language(
+            model,
+            task,
+            evaluation_lengths(task.seq_len, job.eval_lengths),
+            tokens_per_s=positions / max(result.train_time_s, 1e-9),
+            device=job.device,
+        )
+        return dataclasses.replace(trained, language=language)
+    return dataclasses.replace(
+        trained,
+        accuracy=evaluate(model, test_data, device=job.device),
+        majority=majority_rate(test_data),
+        scored=int((test_data.labels != IGNORE).sum()),
         stage_scores=tuple(
             (evaluate(model, data, device=job.device), majority_rate(data)) for data in stage_tests
         ),
@@ -277,6 +371,29 @@ def row_fields(
     model = prepared.model
     shape = {"d_model": model.d_model, "num_heads": model.num_heads, "num_layers": model.num_layers}
     curriculum = bool(prepared.stages)
+    common = {
+        "seeds": list(seeds),
+        "final_train_loss": statistics.fmean(result.final_train_loss for result in results),
+        "train_time_s": statistics.fmean(result.train_time_s for result in results),
+        "model": results[-1].model,
+        "steps": prepared.training.steps,
+        "batch_size": prepared.training.batch_size,
+    }
+    task = prepared.task
+    if isinstance(task, LanguageTask):
+        scores = [result.language for result in results if result.language is not None]
+        return {
+            "task": task.name,
+            "task_options": dataclasses.asdict(task.options),
+            "task_label": training_label(
+                task.label,
+                curriculum=False,
+                positional_encoding=model.positional_encoding,
+                **shape,
+            ),
+            **common,
+            **language_fields(task, seeds, scores),
+        }
 
     def scored(
         task: Task,
@@ -289,7 +406,12 @@ def row_fields(
         return {
             "task": task.name,
             "task_options": dataclasses.asdict(task.options),
-            "task_label": training_label(task.label, curriculum=curriculum, **shape),
+            "task_label": training_label(
+                task.label,
+                curriculum=curriculum,
+                positional_encoding=model.positional_encoding,
+                **shape,
+            ),
             "accuracy_mean": statistics.fmean(accuracies),
             "accuracy_ci95": interval_half_width(accuracies),
             "accuracy_ci95_low": low,
@@ -303,19 +425,18 @@ def row_fields(
             "batch_size": training.batch_size,
         }
 
+    accuracies: list[tuple[float, float]] = []
+    for result in results:
+        assert result.accuracy is not None and result.majority is not None, "an accuracy seed"
+        accuracies.append((result.accuracy, result.majority))
     predictions = {result.scored for result in results}
     fields = scored(
         prepared.task,
         prepared.training,
-        [(r.accuracy, r.majority) for r in results],
+        accuracies,
         predictions.pop() if len(predictions) == 1 else None,  # seeds' test sets agree
     )
-    fields.update(
-        seeds=list(seeds),
-        final_train_loss=statistics.fmean(result.final_train_loss for result in results),
-        train_time_s=statistics.fmean(result.train_time_s for result in results),
-        model=results[-1].model,
-    )
+    fields.update(common)
     if curriculum:
         phases = (*prepared.stages, (prepared.task, prepared.training))
         fields["curriculum"] = [

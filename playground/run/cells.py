@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from playground.errors import PlaygroundError
+from playground.run.language import length_row
 from playground.run.spec import Spec, TaskRun, VariantSetup
 
 COST_MEASURES = ("speed", "memory", "fidelity")
@@ -36,7 +37,11 @@ def accuracy_cell_id(variant_label: str, task_label: str) -> str:
 def with_stage_rows(row: dict[str, Any], cell: Cell) -> list[dict[str, Any]]:
     """`row`, then one row per curriculum stage of `cell`'s task: the stage's scores
     (row_fields' "stages") over the row's other fields, or, when the cell failed, the
-    row's status and error under each stage's label."""
+    row's status and error under each stage's label. A language cell's row is followed
+    by one row per further evaluation length (its "evaluations")."""
+    if "evaluations" in row:
+        primary = {key: value for key, value in row.items() if key != "evaluations"}
+        return [primary] + [length_row(row, fields) for fields in row["evaluations"]]
     if cell.task is None or not cell.task.curriculum:
         return [row]
     row = dict(row)

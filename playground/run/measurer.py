@@ -29,7 +29,15 @@ from rich.progress import Progress
 from playground.contract import AttentionOutput, AttentionVariant
 from playground.errors import InvalidOutput, PlaygroundError, failure_fields
 from playground.registry import Registry
-from playground.run.accuracy import AccuracyJob, Prepared, measure_accuracy, prepare, row_fields
+from playground.run.accuracy import (
+    AccuracyJob,
+    Prepared,
+    WeightsSink,
+    kept_weights,
+    measure_accuracy,
+    prepare,
+    row_fields,
+)
 from playground.run.cells import Cell
 from playground.run.fidelity import measure_fidelity
 from playground.run.measure import (
@@ -139,6 +147,16 @@ class Measurer:
         self.progress = progress
         """Where accuracy cells add their training bars (the runner's own)."""
         self.node = node or platform.node()
+        self.keep_weights: Callable[[str, int, dict[str, torch.Tensor]], str] | None = None
+        """(cell id, seed, state dict) -> where it was kept: the run's store, set by the
+        runner when the spec keeps weights (None: weights are not kept)."""
+
+    def weights_sink(self, cell: Cell) -> WeightsSink | None:
+        """Where `cell`'s seeds' weights go (None: nowhere)."""
+        keep = self.keep_weights
+        if keep is None:
+            return None
+        return lambda seed, state: keep(cell.id, seed, state)
 
     def row(self, cell: Cell) -> dict[str, Any]:
         """The fields every row of `cell` starts with: what it is and where it runs."""
@@ -172,6 +190,9 @@ class Measurer:
                 d_model=cell.task.d_model,
                 num_heads=cell.task.num_heads,
                 num_layers=cell.task.num_layers,
+                setup_label=" ".join(
+                    part for part in (cell.variant.label, cell.task.settings_label) if part
+                ),
             )
         return row
 
@@ -191,6 +212,7 @@ class Measurer:
                         self.job(cell),
                         seeds=cell.task.seeds,
                         progress=self.progress,
+                        keep=self.weights_sink(cell),
                     )
                 )
         except KeyboardInterrupt:
@@ -226,6 +248,9 @@ class Measurer:
             curriculum=task.curriculum,
             device=self.spec.device,
             dtype=self.spec.torch_dtype,
+            positional_encoding=task.positional_encoding,
+            eval_lengths=task.eval_lengths,
+            keep_weights=self.spec.save_weights,
         )
 
     def packed_row(
@@ -251,6 +276,7 @@ class Measurer:
         else:  # no seed failed, so each has its result
             results = [outcome.result for outcome in ordered if outcome.result is not None]
             row.update(row_fields(prepared, seeds, results))
+            row.update(kept_weights(seeds, results, self.weights_sink(cell)))
         return row
 
     def _measure(self, cell: Cell) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from playground.run.cells import Cell, plan, with_stage_rows
 from playground.run.context import Executor, RunContext
 from playground.run.environment import environment
 from playground.run.executors import executor_for
+from playground.run.language import corpus_conflict
 from playground.run.measure import cpu_count, gemm_flops_per_second, load_average, resolve_threads
 from playground.run.measurer import Measurer, check_device
 from playground.run.spec import Spec
@@ -120,6 +121,8 @@ class Runner:
             self.record_gemm(env, "start")
         self.gemm_flops = env["gemm_flops_per_s"]
         self.measurer = Measurer(self.spec, self.registry, self.threads, self.gemm_flops)
+        if self.spec.save_weights:
+            self.measurer.keep_weights = self.store.save_weights
 
     def record_gemm(self, env: dict[str, Any], when: str) -> None:
         """Measure the GEMM ceiling now and write it to env.json beside the earlier ones
@@ -159,9 +162,16 @@ class Runner:
         timed = "speed" in self.spec.measures and any(cell.task is None for cell in cells)
         started = time.monotonic()
 
+        corpora: dict[str, str] = {}
+        for earlier in self.store.rows():
+            corpus_conflict(earlier, corpora)
+
         def record(row: dict[str, Any]) -> None:
             nonlocal finished
             for each in with_stage_rows(row, by_id[row["cell"]]):
+                conflict = corpus_conflict(each, corpora)
+                if conflict and each.get("status") == "ok":
+                    each.update(status="error", error=conflict)  # its numbers stay in the row
                 self.store.append(each)
             finished += 1
             progress.advance(bar)

@@ -63,6 +63,7 @@ from typing import Any
 import torch
 
 from playground.errors import ConfigError
+from playground.model.transformer import PositionalEncodingName
 from playground.run.accuracy import MODEL_DEFAULTS, Stage
 
 EXECUTORS = ("local", "ray")
@@ -152,6 +153,12 @@ class TaskRun:
     """Stages trained first, in order, on the same model; each is scored too."""
     stage_labels: tuple[str, ...] = ()
     """The label each stage's row is recorded under (the task's own is `label`)."""
+    positional_encoding: PositionalEncodingName = "auto"
+    """The model's own positions; "none" trains without them (NoPE)."""
+    eval_lengths: tuple[int, ...] = ()
+    """A language task's evaluation lengths beside its training length."""
+    settings_label: str = ""
+    """The model settings that differ from the defaults, as `label` ends with them."""
 
     def trains(self, variant: VariantSetup) -> bool:
         """Whether `variant` trains on this task."""
@@ -166,6 +173,8 @@ TASK_SETTINGS = {
     "num_layers": int,
     "learning_rate": float,
     "batch_size": int,
+    "positional_encoding": str,
+    "eval_lengths": list[int],
 }
 """Keys of a [[tasks]] table that set up training rather than the task itself."""
 
@@ -201,6 +210,9 @@ class Spec:
     """The [options.NAME] tables: applied to NAME wherever it runs."""
     baseline: str | None = None
     """The setup (its label) that speed-ups are measured against; None: none."""
+    save_weights: bool = False
+    """Keep every trained seed's final weights in the run directory (weights/), for
+    `playground eval` to score again at new lengths."""
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -52,6 +52,7 @@ _TOP_LEVEL: dict[str, Any] = {
     "executor": str,
     "address": str,
     "baseline": str,
+    "save_weights": bool,
     "timing": dict,
     "tasks": list,
 }
@@ -195,6 +196,7 @@ def load_spec(path: str | Path, registry: Registry) -> Spec:
         tasks=tuple(tasks),
         variant_options=data.get("options", {}),
         baseline=baseline,
+        save_weights=data.get("save_weights", Spec.save_weights),
     )
 
 
@@ -349,6 +351,8 @@ def apply_overrides(spec: Spec, registry: Registry, overrides: dict[str, Any]) -
         changes["dtype"] = overrides["dtype"]
     if overrides.get("threads"):
         changes["threads"] = overrides["threads"]
+    if overrides.get("save_weights"):
+        changes["save_weights"] = True
     for key in ("accuracy_workers", "executor"):
         if overrides.get(key):
             changes[key] = overrides[key]

@@ -9,7 +9,14 @@ from typing import Any
 
 from playground.errors import PlaygroundError
 from playground.registry import Registry
-from playground.run.accuracy import MODEL_DEFAULTS, Stage, curriculum_tasks, training_label
+from playground.run.accuracy import (
+    MODEL_DEFAULTS,
+    POSITIONAL_ENCODINGS,
+    Stage,
+    curriculum_tasks,
+    settings_label,
+    training_label,
+)
 from playground.run.spec import (
     STAGE_SETTINGS,
     TASK_SETTINGS,
@@ -18,7 +25,7 @@ from playground.run.spec import (
     TaskRun,
     is_instance_of,
 )
-from playground.tasks import Task
+from playground.tasks import LanguageTask, Task
 
 
 def task_run(
@@ -44,11 +51,26 @@ def task_run(
     except PlaygroundError as error:
         problems.add(f"{where}.name: {error}")
         return None
-    settings = {}
+    settings: dict[str, Any] = {}
     for key, expected in TASK_SETTINGS.items():
         if key in entry:
             value = entry[key]
-            if expected is float:
+            if key == "positional_encoding":
+                if value not in POSITIONAL_ENCODINGS:
+                    problems.add(
+                        f"{where}.{key}: {value!r} is not one of {', '.join(POSITIONAL_ENCODINGS)}"
+                        ' ("none" trains without positions: NoPE)'
+                    )
+                    continue
+            elif key == "eval_lengths":
+                if not is_instance_of(value, expected) or not value or min(value) < 1:
+                    problems.add(
+                        f"{where}.{key}: must be a non-empty list of positive integers, e.g. "
+                        f"[256, 512, 1024]; got {value!r}"
+                    )
+                    continue
+                value = tuple(value)
+            elif expected is float:
                 if not is_instance_of(value, float) or not 0 < value < math.inf:
                     problems.add(f"{where}.{key}: must be a positive number; got {value!r}")
                     continue
@@ -111,20 +133,35 @@ def task_run(
                     f"training examples task {stage_task.label!r} generates, so every step "
                     f"would train on all of them; use at most {stage_task.num_train}"
                 )
+    if task is not None and "eval_lengths" in settings:
+        if not isinstance(task, LanguageTask):
+            problems.add(
+                f"{where}.eval_lengths: task {task.name!r} is scored at its own length only; "
+                "evaluation lengths are for language-modelling tasks (e.g. lm)"
+            )
+        else:
+            for length in settings["eval_lengths"]:
+                try:
+                    task.check_eval_length(length)
+                except PlaygroundError as error:
+                    problems.add(f"{where}.eval_lengths: {error}")
     if task is None or len(problems.messages) > found:
         return None
     shape = {k: v for k, v in settings.items() if k in MODEL_DEFAULTS}
+    positions = settings.get("positional_encoding", "auto")
     tagged = bool(curriculum)
     return TaskRun(
         name=entry["name"],
         options=options,
-        label=training_label(task.label, curriculum=tagged, **shape),
+        label=training_label(task.label, curriculum=tagged, positional_encoding=positions, **shape),
         seeds=tuple(range(seed, seed + settings.pop("seeds", 3))),
         variants=None if chosen is None else tuple(chosen),
         curriculum=curriculum,
         stage_labels=tuple(
-            training_label(each.label, curriculum=tagged, **shape) for each in stage_tasks
+            training_label(each.label, curriculum=tagged, positional_encoding=positions, **shape)
+            for each in stage_tasks
         ),
+        settings_label=settings_label(positional_encoding=positions, **shape),
         **settings,
     )
 

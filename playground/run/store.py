@@ -12,6 +12,8 @@
         results.rejected.jsonl   lines `playground repair` moved out of results.jsonl
         run.lock        held (fcntl.flock) by the one process measuring the run; it holds
                         that process's id, so a second `--resume` names who has it
+        weights/<cell>/seed-<k>.pt   a trained model's state dict (save_weights), loaded
+                        back with torch.load(weights_only=True): tensors only, no code
 
 Two runs never share a directory: it is created with `exist_ok=False`, and a clash
 (two runs in the same second) takes the next free suffix. Two processes never measure one
@@ -29,12 +31,18 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import json
 import os
+import pickle
+import re
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+import torch
 
 from playground.errors import PlaygroundError
 from playground.run.rows import BadLine, parse_lines, row_problem
@@ -53,6 +61,7 @@ SUMMARY = "summary.csv"
 ACCURACY = "accuracy.csv"
 OVERRIDES = "overrides.json"
 REJECTED = "results.rejected.jsonl"
+WEIGHTS = "weights"
 SET_ASIDE = ".rejected"
 """The suffix `repair` gives a whole file it moves aside: env.json -> env.json.rejected."""
 AFTER_SET_ASIDE = {
@@ -334,6 +343,42 @@ class RunStore:
                 "stands where the file belongs",
             ) from None
         return path
+
+    def save_weights(self, cell_id: str, seed: int, state: dict[str, torch.Tensor]) -> str:
+        """Keep one seed's trained weights (written beside, then renamed); returns their
+        path relative to the run directory, for the row."""
+        readable = re.sub(r"[^A-Za-z0-9=._-]+", "_", cell_id)[:80]
+        folder = f"{readable}-{hashlib.blake2b(cell_id.encode(), digest_size=4).hexdigest()}"
+        relative = f"{WEIGHTS}/{folder}/seed-{seed}.pt"
+        path = self.path(relative)
+        partial = path.with_name(f".{path.name}.partial")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(state, partial)
+            os.replace(partial, path)
+        except OSError as error:
+            raise unwritable(path, error, "check that the run directory is writable") from None
+        return relative
+
+    def load_weights(self, relative: str) -> dict[str, torch.Tensor]:
+        """Weights kept by save_weights; DamagedRun naming the file when it cannot be read."""
+        path = self.path(relative)
+        if not path.resolve().is_relative_to(self.directory.resolve()):
+            raise DamagedRun(f"a row names weights at {relative!r}, outside the run directory")
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except FileNotFoundError:
+            reason = "is missing"
+        except (OSError, RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile, EOFError) as e:
+            reason = f"cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+        else:
+            if isinstance(state, dict) and all(torch.is_tensor(v) for v in state.values()):
+                return state
+            reason = "does not hold a state dict of tensors"
+        raise DamagedRun(
+            f"{path} {reason}; restore it, or train that cell again (a new run with "
+            f"save_weights = true) to evaluate it at new lengths"
+        )
 
     def write_json(self, name: str, data: dict[str, Any]) -> None:
         self.write_text(name, json.dumps(data, indent=2, sort_keys=True) + "\n")

@@ -10,6 +10,10 @@ plugin module registers it like a variant:
 Every task emits integer tokens with 0 reserved for padding, and either one label per
 token (`target = "token"`, −100 where nothing is asked) or one label per sequence
 (`target = "sequence"`). `split()` gives disjoint train and test sets from one seed.
+
+A task is scored by its `metric`: "accuracy" (the synthetic tasks), or "bits_per_byte" for
+a `LanguageTask`: next-byte prediction on real text, where every byte value is a token (no
+padding; nothing is padded) and the model is evaluated at its training length and longer.
 """
 
 from __future__ import annotations
@@ -80,6 +84,8 @@ class Task:
     """Training examples generated (sampled in shuffled epochs)."""
     num_test: ClassVar[int] = 1024
     """Held-out examples the accuracy is measured on."""
+    metric: ClassVar[Literal["accuracy", "bits_per_byte"]] = "accuracy"
+    """What a trained model is scored by (LanguageTask: bits per byte)."""
 
     def __init__(self, **options: Any) -> None:
         self.options = build_config(self.Options, options, self.name, kind="task")
@@ -143,3 +149,58 @@ def example_fingerprints(data: TaskData) -> list[bytes]:
         hashlib.blake2b(tokens.numpy().tobytes() + label.numpy().tobytes(), digest_size=16).digest()
         for tokens, label in zip(data.tokens, labels, strict=True)
     ]
+
+
+class LanguageTask(Task):
+    """Base class of a causal, byte-level language-modelling task: the label at position i
+    is the byte at i + 1, every position is scored, and a trained model is scored in bits
+    per byte on a fixed held-out set at its training length and at longer ones
+    (`held_out(length)`), beside n-gram baselines fitted on the same training split."""
+
+    metric = "bits_per_byte"
+    target = "token"
+    needs_causal = True
+
+    @property
+    def vocab_size(self) -> int:
+        return 256
+
+    @property
+    def num_classes(self) -> int:
+        return 256
+
+    @property
+    def fingerprint(self) -> str:
+        """The data's identity: scores with different fingerprints are not comparable."""
+        raise NotImplementedError
+
+    def describe_data(self) -> dict[str, Any]:
+        """What a row says about the data (its fingerprint included)."""
+        raise NotImplementedError
+
+    def check_eval_length(self, length: int) -> None:
+        """ConfigError when the held-out set cannot be scored at `length`."""
+        raise NotImplementedError
+
+    def held_out(self, length: int) -> TaskData:
+        """The fixed held-out set cut into windows of `length` bytes (labels: next bytes)."""
+        raise NotImplementedError
+
+    def validation(self, length: int) -> TaskData:
+        """The validation split in windows of `length` bytes."""
+        raise NotImplementedError
+
+    def baselines(self) -> dict[str, float]:
+        """Name -> bits per byte of a model that needs no attention (unigram, bigram) on
+        the held-out set, fitted on the training split."""
+        raise NotImplementedError
+
+    @property
+    def prompt(self) -> bytes:
+        """Where the continuation shown in a report starts."""
+        raise NotImplementedError
+
+    @property
+    def sample_bytes(self) -> int:
+        """How many bytes of continuation a report shows."""
+        raise NotImplementedError

@@ -29,8 +29,10 @@ def test_shipped_specs_plan_the_same_cells(name):
     assert [cell.id for cell in plan(spec)] == PLANNED[name]
 
 
-def test_every_shipped_spec_is_recorded():
-    assert sorted(PLANNED) == sorted(path.name for path in EXPERIMENTS.glob("*.toml"))
+def test_every_spec_shipped_before_the_move_is_still_shipped():
+    shipped = {path.name for path in EXPERIMENTS.glob("*.toml")}
+    assert set(PLANNED) <= shipped
+    assert shipped - set(PLANNED) == {"lm.toml", "extrapolation.toml"}  # issue 32's
 
 
 @pytest.fixture

@@ -1,0 +1,210 @@
+"""A language model's scores: bits per byte at its training length and at longer ones, the
+n-gram baselines beside them, a continuation to read, and the rows they become.
+
+A trained model is scored on the task's fixed held-out set at every evaluation length
+(`LanguageTask.held_out`); a length the variant cannot run at (its declared `max_seq_len`,
+an UnsupportedFeature raised at that length) is recorded as `unsupported` for that length
+alone, naming why, and any other failure there as that length's `error`: the model and
+its other lengths stand.
+
+The seeds' scores become one row per evaluation length (`length_fields`): the row at the
+training length is the cell's own, the others are recorded under `<cell>|eval_len=<n>`
+(`eval_cell_id`). `playground eval` appends rows for new lengths to a run from the
+weights it kept (playground.run.reevaluate).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from playground.errors import UnsupportedFeature, failure_fields
+from playground.model.sampling import greedy_continuation
+from playground.model.training import bits_per_byte
+from playground.model.transformer import TransformerClassifier
+from playground.run.stats import interval_half_width
+from playground.tasks import LanguageTask
+
+EVAL_LENGTH_TAG = "eval_len"
+
+
+def eval_cell_id(cell_id: str, length: int) -> str:
+    """The id of a cell's row at evaluation length `length` (not its training length)."""
+    return f"{cell_id}|{EVAL_LENGTH_TAG}={length}"
+
+
+LENGTH_FIELDS = ("eval_length", "status", "error", "scored_bytes")
+"""What a language cell's row at one evaluation length has of its own (with bits_per_byte_*)."""
+
+
+def length_row(row: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """The row of `row`'s cell at another evaluation length: everything the lengths share
+    (the training, the corpus, the baselines) from `row`, then that length's `fields`."""
+    shared = {
+        key: value
+        for key, value in row.items()
+        if key not in LENGTH_FIELDS and key != "evaluations" and not key.startswith("bits_per_byte")
+    }
+    return {**shared, **fields, "cell": eval_cell_id(row["cell"], fields["eval_length"])}
+
+
+def corpus_conflict(row: dict[str, Any], known: dict[str, str]) -> str | None:
+    """Why `row` cannot sit beside the run's rows of its task (`known`: task label ->
+    corpus fingerprint, updated with `row`'s when there is none yet); None when it can."""
+    fingerprint, label = row.get("corpus_fingerprint"), row.get("task_label")
+    if not isinstance(fingerprint, str) or not isinstance(label, str):
+        return None
+    first = known.setdefault(label, fingerprint)
+    if first == fingerprint:
+        return None
+    return (
+        f"this cell was measured on a different corpus (fingerprint {fingerprint[:12]}) from "
+        f"the run's other rows of {label} ({first[:12]}); bits per byte on different text are "
+        f"not comparable, so it is not reported beside them. Measure it where the corpus is "
+        f"the one the run started with (its source and root are in the row), or start a new run"
+    )
+
+
+def evaluation_lengths(train_length: int, requested: Iterable[int]) -> tuple[int, ...]:
+    """The training length first, then the other requested lengths, ascending, once each."""
+    return (train_length, *sorted(set(requested) - {train_length}))
+
+
+@dataclass(frozen=True)
+class LengthScore:
+    """One seed's model at one evaluation length."""
+
+    length: int
+    bits_per_byte: float | None = None
+    scored_bytes: int = 0
+    failure: dict[str, str] | None = None
+    """`failure_fields` of why it was not scored (None when it was)."""
+
+
+@dataclass(frozen=True)
+class LanguageScores:
+    """One seed's language model scored."""
+
+    lengths: tuple[LengthScore, ...]
+    validation_bits_per_byte: float
+    continuation: str
+    """The greedy continuation of the task's prompt, decoded with replacement characters."""
+    fingerprint: str
+    tokens_per_s: float
+    """Training throughput: positions trained on per second of optimisation."""
+
+
+def score_length(
+    model: TransformerClassifier, task: LanguageTask, length: int, device: str
+) -> LengthScore:
+    """Bits per byte of `model` on the held-out set in windows of `length`."""
+    attention = model.attentions[0]
+    limit = attention.capabilities.max_seq_len
+    try:
+        if limit is not None and length > limit:
+            raise UnsupportedFeature(
+                model.config.variant,
+                f"sequences of {length} tokens (its limit is {limit})",
+                attention.capabilities.max_seq_len_hint,
+            )
+        data = task.held_out(length)
+        return LengthScore(length, bits_per_byte(model, data, device=device), data.tokens.numel())
+    except Exception as error:  # one length's failure is its row's, not the model's
+        return LengthScore(length, failure=failure_fields(error))
+
+
+def score_language(
+    model: TransformerClassifier,
+    task: LanguageTask,
+    lengths: Sequence[int],
+    *,
+    tokens_per_s: float,
+    device: str = "cpu",
+) -> LanguageScores:
+    """Score a trained model at every length of `lengths` (the training length first)."""
+    train_length = task.seq_len
+    continuation = greedy_continuation(model, task.prompt, task.sample_bytes, device=device)
+    return LanguageScores(
+        lengths=tuple(score_length(model, task, length, device) for length in lengths),
+        validation_bits_per_byte=bits_per_byte(model, task.validation(train_length), device=device),
+        continuation=continuation.decode("utf-8", errors="replace"),
+        fingerprint=task.fingerprint,
+        tokens_per_s=tokens_per_s,
+    )
+
+
+def length_fields(
+    length: int, seeds: Sequence[int], scores: Sequence[LengthScore]
+) -> dict[str, Any]:
+    """The fields of the row at one evaluation length from every seed's score there: the
+    mean with its 95 % Student-t interval over seeds, or the first seed's failure."""
+    fields: dict[str, Any] = {"eval_length": length}
+    failed = [
+        (seed, score.failure) for seed, score in zip(seeds, scores, strict=True) if score.failure
+    ]
+    if failed:
+        seed, failure = failed[0]
+        fields.update(failure, error=f"seed {seed}: {failure['error']}")
+        return fields
+    values = [score.bits_per_byte for score in scores if score.bits_per_byte is not None]
+    mean = statistics.fmean(values)
+    half = interval_half_width(values)
+    fields.update(
+        status="ok",
+        error=None,
+        bits_per_byte_mean=mean,
+        bits_per_byte_ci95=half,
+        bits_per_byte_ci95_low=None if half is None else mean - half,
+        bits_per_byte_ci95_high=None if half is None else mean + half,
+        bits_per_byte_std=statistics.stdev(values) if len(values) > 1 else 0.0,
+        bits_per_byte_per_seed=values,
+        scored_bytes=scores[0].scored_bytes,
+    )
+    return fields
+
+
+def language_fields(
+    task: LanguageTask, seeds: Sequence[int], results: Sequence[LanguageScores]
+) -> dict[str, Any]:
+    """The row fields of a language-model cell: what every length's row shares (the
+    corpus, baselines, throughput, samples), the training length's scores, and
+    "evaluations", the other lengths' fields, each a row of its own."""
+    baselines = task.baselines()
+    per_length = [
+        length_fields(scores[0].length, seeds, scores)
+        for scores in zip(*(result.lengths for result in results), strict=True)
+    ]
+    fingerprints = {result.fingerprint for result in results}
+    if len(fingerprints) > 1:  # seeds trained on nodes holding different text
+        problem = {
+            "status": "error",
+            "error": f"the seeds trained on different corpora (fingerprints "
+            f"{', '.join(sorted(f[:12] for f in fingerprints))}): the nodes that ran them hold "
+            f"different text for corpus {task.options.corpus!r}; give every node the same corpus",
+        }
+        per_length = [{**fields, **problem} for fields in per_length]
+    first, *others = per_length
+    return {
+        "metric": task.metric,
+        "train_length": task.seq_len,
+        **first,
+        "unigram_bits_per_byte": baselines["unigram"],
+        "bigram_bits_per_byte": baselines["bigram"],
+        "validation_bits_per_byte": statistics.fmean(
+            result.validation_bits_per_byte for result in results
+        ),
+        "tokens_per_s": statistics.fmean(result.tokens_per_s for result in results),
+        "samples": [
+            {
+                "seed": seed,
+                "prompt": task.prompt.decode("utf-8", errors="replace"),
+                "continuation": result.continuation,
+            }
+            for seed, result in zip(seeds, results, strict=True)
+        ],
+        "corpus": task.describe_data(),
+        "corpus_fingerprint": task.fingerprint,
+        "evaluations": others,
+    }

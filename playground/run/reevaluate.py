@@ -1,0 +1,149 @@
+"""`playground eval RUN --eval-lengths ...`: the language models a run kept (spec key
+`save_weights = true`, or `--save-weights`) scored again at new evaluation lengths, without
+training, each new length appended to the same results.jsonl as a row of its own.
+
+A length a cell already has a row for is skipped, so an interrupted evaluation is finished
+by running the same command again. The corpus must be the one the models trained on: a
+different fingerprint is refused before anything is scored. A weights file that cannot be
+read is a DamagedRun naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from playground.errors import ConfigError, PlaygroundError
+from playground.model.transformer import ModelConfig, TransformerClassifier
+from playground.registry import Registry
+from playground.run.language import eval_cell_id, length_fields, length_row, score_length
+from playground.run.measure import using_threads
+from playground.run.resume import resume
+from playground.run.store import ENV, RunStore
+from playground.tasks import LanguageTask
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One trained cell to score at one new length."""
+
+    row: dict[str, Any]
+    """The cell's row at its training length (with its "weights")."""
+    length: int
+
+
+def trained_rows(store: RunStore) -> list[dict[str, Any]]:
+    """The language cells' rows at their training length that kept weights; PlaygroundError
+    saying how to keep them when the run has language cells but none kept any."""
+    rows = [
+        row
+        for row in store.rows()
+        if row.get("metric") == "bits_per_byte"
+        and row.get("eval_length") == row.get("train_length")
+    ]
+    if not rows:
+        raise PlaygroundError(
+            f"{store.directory} has no language-modelling rows to evaluate again (a task "
+            f"like lm); `playground eval` scores the models such a run trained"
+        )
+    kept = [row for row in rows if row.get("weights")]
+    if not kept:
+        raise PlaygroundError(
+            f"{store.directory} kept no trained weights, so its models cannot be evaluated "
+            f"again; run the spec with save_weights = true (or --save-weights), then "
+            f"`playground eval` that run"
+        )
+    return kept
+
+
+def planned(store: RunStore, lengths: Sequence[int]) -> list[Evaluation]:
+    """Every (trained cell, new length) without a row yet, cell by cell."""
+    done = {row["cell"] for row in store.rows()}
+    return [
+        Evaluation(row, length)
+        for row in trained_rows(store)
+        for length in sorted(set(lengths))
+        if length != row["train_length"] and eval_cell_id(row["cell"], length) not in done
+    ]
+
+
+def task_of(registry: Registry, row: dict[str, Any]) -> LanguageTask:
+    """The row's task, rebuilt on this machine; ConfigError when its corpus here is not
+    the one the row's models trained on."""
+    task = registry.get_task(row["task"])(**row["task_options"])
+    if not isinstance(task, LanguageTask):
+        raise ConfigError(f"task {row['task']!r} of cell {row['cell']!r} is not a language task")
+    if task.fingerprint != row.get("corpus_fingerprint"):
+        recorded = str(row.get("corpus_fingerprint"))[:12]
+        raise ConfigError(
+            f"the corpus {task.options.corpus!r} here (fingerprint {task.fingerprint[:12]}) is "
+            f"not the one cell {row['cell']!r} trained on ({recorded}, read from "
+            f"{row.get('corpus', {}).get('root')}); bits per byte on other text would not be "
+            f"comparable. Evaluate where that corpus is, or train again on this one"
+        )
+    return task
+
+
+def models(
+    store: RunStore, registry: Registry, row: dict[str, Any], device: str, dtype: torch.dtype
+) -> Iterator[tuple[int, TransformerClassifier]]:
+    """(seed, trained model) for every seed the row kept weights for."""
+    fields = {field.name for field in dataclasses.fields(ModelConfig)}
+    config = ModelConfig(**{k: v for k, v in row["model"].items() if k in fields})
+    for seed, relative in sorted(row["weights"].items(), key=lambda item: int(item[0])):
+        model = TransformerClassifier(config, registry).to(device, dtype)
+        try:
+            model.load_state_dict(store.load_weights(relative))
+        except RuntimeError as error:  # the state dict does not fit the row's model
+            raise ConfigError(
+                f"{store.path(relative)} does not fit the model its row describes "
+                f"({str(error).splitlines()[0]}); the file was replaced or the variant changed"
+            ) from None
+        yield int(seed), model
+
+
+def evaluate_again(
+    directory: str | os.PathLike[str],
+    registry: Registry,
+    lengths: Sequence[int],
+    plugins_dirs: Sequence[str] = (),
+    announce: Callable[[str], None] = print,
+) -> int:
+    """Score the run's kept models at `lengths` and append a row per (cell, new length);
+    returns the rows written."""
+    resumed = resume(directory, registry, plugins_dirs)
+    store, spec, registry = resumed.store, resumed.spec, resumed.registry
+    if not lengths or min(lengths) < 1:
+        raise ConfigError(f"give positive evaluation lengths, like 4096,8192; got {list(lengths)}")
+    threads = store.read_json(ENV).get("threads") if store.path(ENV).exists() else None
+    written = 0
+    with store.lock(), using_threads(threads):
+        work = planned(store, lengths)
+        if not work:
+            announce("nothing to evaluate: every kept model has a row at each of those lengths")
+        tasks: dict[str, LanguageTask] = {}
+        for row in {id(each.row): each.row for each in work}.values():
+            tasks[row["cell"]] = task_of(registry, row)
+            for length in lengths:
+                tasks[row["cell"]].check_eval_length(length)
+        for row in {id(each.row): each.row for each in work}.values():
+            task = tasks[row["cell"]]
+            todo = [each.length for each in work if each.row is row]
+            scores: dict[int, list] = {length: [] for length in todo}
+            seeds = []
+            for seed, model in models(store, registry, row, spec.device, spec.torch_dtype):
+                seeds.append(seed)
+                for length in todo:
+                    announce(f"{row['cell']}: seed {seed} at {length}")
+                    scores[length].append(score_length(model, task, length, spec.device))
+            for length in todo:
+                fields = length_fields(length, seeds, scores[length])
+                store.append({**length_row(row, fields), "evaluated_at": time.time()})
+                written += 1
+    return written

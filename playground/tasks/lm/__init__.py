@@ -1,0 +1,198 @@
+"""Byte-level causal language modelling on real text.
+
+Each byte is a token (vocabulary 256, no tokenizer to download) and the model predicts the
+next one; the metric is bits per byte on held-out files, the unit of the byte- and
+character-level results the zoo's papers report (enwik8 and text8 in bits per character;
+Al-Rfou et al. 2019; Dai et al. 2019, Transformer-XL, §4.1). Length extrapolation follows
+Press et al. 2022, "Train Short, Test Long" (ALiBi), §4: train at L, then evaluate the same
+model on the same held-out text cut into longer windows.
+
+The held-out set is the first `eval_bytes` bytes of the test split (its files in the
+corpus's hash order, `playground.tasks.lm.corpus`), cut into non-overlapping windows of the
+evaluation length; every byte of a window is predicted from the bytes before it in that
+window, and bits per byte is averaged per position: the total over every scored byte,
+divided by their number. At a length that divides `eval_bytes` (the powers of two below
+it), every length scores the same bytes; otherwise the tail that does not fill a window is
+left out, and the row says how many bytes were scored.
+
+Training windows of L + 1 bytes start at random offsets in the training split (the usual
+character-level recipe, nanoGPT's among them), drawn from the seed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from playground.errors import ConfigError
+from playground.hookspecs import hookimpl
+from playground.tasks import LanguageTask, TaskData, TaskOptions
+from playground.tasks.lm.corpus import STDLIB, Corpus, CorpusError, load_corpus
+
+
+@dataclass(frozen=True)
+class LanguageModellingOptions(TaskOptions):
+    seq_len: int = 256
+    """Training length L: bytes per training window."""
+    corpus: str = STDLIB
+    """The text: "stdlib" (the Python standard library's source on this machine), or a
+    file, a directory or a glob (see playground.tasks.lm.corpus)."""
+    eval_bytes: int = 65536
+    """Bytes of the test split scored at every evaluation length (a power of two keeps the
+    scored bytes equal at every power-of-two length up to it)."""
+    prompt: str = "def __init__(self"
+    """Where the continuation shown in the report starts."""
+    sample_bytes: int = 64
+    """Bytes of greedy continuation shown in the report."""
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "eval_bytes", "sample_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer; got {value!r}")
+        if self.eval_bytes < self.seq_len:
+            raise ValueError(
+                f"eval_bytes ({self.eval_bytes}) must hold at least one window of seq_len "
+                f"({self.seq_len}); raise eval_bytes"
+            )
+        if not isinstance(self.corpus, str) or not self.corpus:
+            raise ValueError(
+                f'corpus must be "stdlib", a file, a directory or a glob; got {self.corpus!r}'
+            )
+        if not isinstance(self.prompt, str) or not self.prompt:
+            raise ValueError(f"prompt must be a non-empty string; got {self.prompt!r}")
+
+
+class ByteLanguageModelling(LanguageTask):
+    """Next-byte prediction on real text, scored in bits per byte (see the module docstring).
+
+    Default budget: 1500 AdamW steps of 32 windows. The corpus is read when the task is
+    made, so a missing or unusable corpus is refused before anything trains.
+    """
+
+    name = "lm"
+    summary = "Predict the next byte of real text (bits per byte on held-out files)."
+    paper = "Press et al. 2022, Train Short, Test Long (ALiBi), §4; byte-level as enwik8"
+    Options = LanguageModellingOptions
+    default_steps = 1500
+    default_batch_size = 32
+    default_learning_rate = 2e-3
+    num_train = 1 << 20
+    """Windows the training may draw (the schedule draws steps × batch_size of them)."""
+
+    options: LanguageModellingOptions
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.corpus: Corpus = load_corpus(self.options.corpus)
+        self._check_size()
+
+    def _check_size(self) -> None:
+        sizes = {split: int(stream.numel()) for split, stream in self.corpus.streams.items()}
+        needs = {
+            "train": self.options.seq_len + 1,
+            "validation": self.options.seq_len + 1,
+            "test": self.options.eval_bytes + 1,
+        }
+        short = [split for split in needs if sizes[split] < needs[split]]
+        if short:
+            split = short[0]
+            raise CorpusError(
+                f"corpus {self.options.corpus!r} is too small: its {split} split holds "
+                f"{sizes[split]} bytes and needs at least {needs[split]} (seq_len "
+                f"{self.options.seq_len}, eval_bytes {self.options.eval_bytes}; each held-out "
+                f"split is about 5 % of the corpus's {sum(sizes.values())} bytes); give more "
+                f"text, or lower seq_len and eval_bytes"
+            )
+
+    @property
+    def seq_len(self) -> int:
+        return self.options.seq_len
+
+    @property
+    def num_test(self) -> int:  # type: ignore[override]
+        return self.options.eval_bytes // self.options.seq_len
+
+    @property
+    def fingerprint(self) -> str:
+        return self.corpus.fingerprint
+
+    @property
+    def prompt(self) -> bytes:
+        return self.options.prompt.encode()
+
+    @property
+    def sample_bytes(self) -> int:
+        return self.options.sample_bytes
+
+    def describe_data(self) -> dict[str, Any]:
+        return self.corpus.describe()
+
+    def check_eval_length(self, length: int) -> None:
+        if length < 1:
+            raise ConfigError(f"an evaluation length must be a positive integer; got {length}")
+        if length > self.options.eval_bytes:
+            raise ConfigError(
+                f"evaluation length {length} is longer than the held-out set (eval_bytes = "
+                f"{self.options.eval_bytes}), which would not fill one window; raise the task's "
+                f"eval_bytes (the test split holds {self.corpus.streams['test'].numel()} bytes)"
+            )
+
+    # --- data -------------------------------------------------------------------------
+    def generate(self, num_examples: int, seed: int) -> TaskData:
+        """`num_examples` training windows at random offsets in the training split."""
+        stream = self.corpus.streams["train"]
+        length = self.options.seq_len
+        generator = torch.Generator().manual_seed(seed)
+        starts = torch.randint(0, stream.numel() - length, (num_examples,), generator=generator)
+        windows = stream.unfold(0, length + 1, 1)[starts].long()  # (N, L + 1)
+        return TaskData(windows[:, :-1].contiguous(), windows[:, 1:].contiguous())
+
+    def split(
+        self, seed: int, num_train: int | None = None, num_test: int | None = None
+    ) -> tuple[TaskData, TaskData]:
+        """Training windows for `seed`, and the held-out set at the training length: the two
+        come from different files (the corpus's splits), so no window is in both."""
+        train = self.generate(self.num_train if num_train is None else num_train, 2 * seed)
+        return train, self.held_out(self.options.seq_len)
+
+    def held_out(self, length: int) -> TaskData:
+        self.check_eval_length(length)
+        return _windows(self.corpus.streams["test"], length, self.options.eval_bytes)
+
+    def validation(self, length: int) -> TaskData:
+        stream = self.corpus.streams["validation"]
+        return _windows(stream, length, min(self.options.eval_bytes, stream.numel() - 1))
+
+    # --- baselines --------------------------------------------------------------------
+    def baselines(self) -> dict[str, float]:
+        """Unigram and bigram byte models with add-one smoothing, counted on the training
+        split, in bits per byte on the held-out set's bytes (the same at every length)."""
+        train = self.corpus.streams["train"].long()
+        scored = self.corpus.streams["test"][: self.options.eval_bytes + 1].long()
+        previous, target = scored[:-1], scored[1:]
+        unigram = (torch.bincount(train, minlength=256).double() + 1.0).log()
+        unigram = unigram - unigram.logsumexp(0)
+        pairs = torch.bincount(train[:-1] * 256 + train[1:], minlength=256 * 256).double()
+        bigram = (pairs.view(256, 256) + 1.0).log()
+        bigram = bigram - bigram.logsumexp(1, keepdim=True)
+        return {
+            "unigram": float(-unigram[target].mean()) / math.log(2),
+            "bigram": float(-bigram[previous, target].mean()) / math.log(2),
+        }
+
+
+def _windows(stream: torch.Tensor, length: int, span: int) -> TaskData:
+    """The first `span` bytes of `stream` as windows of `length` bytes, each labelled with
+    its next bytes (the byte after the span labels the last one)."""
+    count = span // length
+    used = stream[: count * length + 1].long()
+    return TaskData(used[:-1].view(count, length), used[1:].view(count, length))
+
+
+@hookimpl
+def register_tasks(register):
+    register(ByteLanguageModelling)
