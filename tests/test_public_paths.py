@@ -56,7 +56,14 @@ def test_root_all_names_exist():
 
 
 @pytest.mark.parametrize(
-    "module", ["playground.cli.bench", "playground.report.bench_history", "playground"]
+    "module",
+    [
+        "playground.cli.bench",
+        "playground.report.bench_history",
+        "playground",
+        "playground.bench",  # the paths the README used before issue 31
+        "playground.bench_history",
+    ],
 )
 def test_the_readmes_python_m_commands_start(module):
     """`python -m MODULE --help` as the README runs them."""

@@ -15,7 +15,7 @@ from playground.report.bench_history import plot_history
 from playground.report.pages import write_report
 from playground.report.plots import plot_run
 from playground.report.summary import write_summary
-from playground.report.tables import print_accuracy, print_nodes, print_summary
+from playground.report.tables import print_accuracy, print_language, print_nodes, print_summary
 from playground.run.cells import plan
 from playground.run.context import Executor
 from playground.run.executors import executor_for
@@ -57,6 +57,7 @@ def _execute(registry: Registry, store: RunStore, spec, overrides: dict, executo
         lines = write_summary(store, runner.spec.baseline)
         print_summary(lines, console)
         print_accuracy(store.rows(), console)
+        print_language(store.rows(), console)
         print_nodes(store.rows(), console)
         if store.rows():
             _plot_and_report(registry, store.directory, None, ("png",))
@@ -217,6 +218,7 @@ def command_eval(registry: Registry, arguments: argparse.Namespace) -> int:
     store = RunStore.existing(arguments.run_dir)
     console.print(f"{written} row(s) appended to {escape(str(store.path(ROWS)))}", soft_wrap=True)
     write_summary(store)
+    print_language(store.rows(), console)
     _plot_and_report(registry, store.directory, None, ("png",))
     return 0
 

@@ -1,15 +1,17 @@
 """A run's report, in two files next to its results:
 
-    report.html   self-contained: the summary tables, every figure embedded as a base64
-                  data URI, the failed cells with their errors, the environment and the
-                  spec; one file to mail or attach
+    report.html   self-contained: the summary tables, the language models' greedy
+                  continuations, every figure embedded as a base64 data URI, the failed
+                  cells with their errors, the environment and the spec; one file to mail
+                  or attach
     report.md     the same tables in Markdown, figures linked by relative file name, for
                   pasting into issues and papers
 
     write_report(run_dir, figures) -> (report.html, report.md)
 
-Every piece of text from the run (labels, errors, the spec) is HTML-escaped in the HTML,
-and `|` is escaped in Markdown table entries.
+Every piece of text from the run (labels, errors, the spec, a model's continuation) is
+HTML-escaped in the HTML, and `|` is escaped in Markdown table entries; a continuation's
+control characters are written as escapes (`report.language.visible`).
 """
 
 from __future__ import annotations
@@ -22,12 +24,16 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from playground.report.language import Continuation, continuations
 from playground.report.plots.data import OK, RunData, load_run
 from playground.report.summary import Line, ceilings_from_env, summarize
 from playground.report.tables import (
     EXPONENT_COLUMNS,
+    LANGUAGE_TABLE_COLUMNS,
+    LANGUAGE_TITLE,
     SUMMARY_COLUMNS,
     exponent_entries,
+    language_entries,
     summary_entries,
 )
 from playground.run.stats import accuracy_bounds, format_interval
@@ -50,7 +56,13 @@ td.failed { color: #b00020; font-weight: bold; }
 figure { margin: 1.5em 0; }
 figure img { max-width: 100%; border: 1px solid #eee; }
 pre { background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 0.85em; }
+pre .prompt { color: #888; }
 """
+CONTINUATIONS = "Continuations"
+CONTINUATIONS_NOTE = (
+    "Each setup's greedy continuation of the task's prompt, by its first seed's model at the "
+    "training length: what the bits per byte mean. Control characters are written as escapes."
+)
 
 
 def _number(value: float | None, spec: str) -> str:
@@ -96,6 +108,58 @@ def accuracy_table(rows: Iterable[dict[str, Any]]) -> Table:
             ]
         )
     return header, table
+
+
+def language_table(rows: list[dict[str, Any]]) -> Table:
+    """One row per (setup, task, evaluation length): bits per byte and the baselines."""
+    return list(LANGUAGE_TABLE_COLUMNS), language_entries(rows)
+
+
+def _continuation_heading(sample: Continuation, samples: Sequence[Continuation]) -> str:
+    """The setup, with its task when the run has several, and the seed."""
+    several_tasks = len({each.task for each in samples}) > 1
+    task = f" on {sample.task}" if several_tasks else ""
+    return f"{sample.setup}{task} (seed {sample.seed})"
+
+
+def _continuations_html(samples: Sequence[Continuation]) -> list[str]:
+    parts = [
+        f"<h2>{CONTINUATIONS}</h2>",
+        f"<p>{html.escape(CONTINUATIONS_NOTE)} The prompt is grey.</p>",
+    ]
+    for sample in samples:
+        parts += [
+            f"<h3>{html.escape(_continuation_heading(sample, samples))}</h3>",
+            f'<pre><span class="prompt">{html.escape(sample.prompt)}</span>'
+            f"{html.escape(sample.continuation)}</pre>",
+        ]
+    return parts
+
+
+def _continuations_markdown(samples: Sequence[Continuation]) -> list[str]:
+    parts = [f"## {CONTINUATIONS}", "", CONTINUATIONS_NOTE, ""]
+    for sample in samples:
+        text = sample.prompt + sample.continuation
+        fence = "`" * max(3, _longest_run(text, "`") + 1)  # no backtick in the text closes it
+        parts += [
+            f"### {_continuation_heading(sample, samples)}",
+            "",
+            f"The first {len(sample.prompt)} characters are the prompt.",
+            "",
+            f"{fence}text",
+            text,
+            fence,
+            "",
+        ]
+    return parts
+
+
+def _longest_run(text: str, character: str) -> int:
+    longest = current = 0
+    for each in text:
+        current = current + 1 if each == character else 0
+        longest = max(longest, current)
+    return longest
 
 
 def failure_table(rows: Iterable[dict[str, Any]]) -> Table:
@@ -187,6 +251,8 @@ def _sections(run: RunData) -> list[tuple[str, Table]]:
         sections.append(("Scaling: fitted exponent of time and memory vs n", exponent_table(lines)))
     if run.accuracy:
         sections.append(("Accuracy (mean [95% interval over seeds])", accuracy_table(run.accuracy)))
+    if run.language:
+        sections.append((LANGUAGE_TITLE, language_table(run.language)))
     if run.failed:
         sections.append(("Failed cells", failure_table(run.failed)))
     load_errors = load_error_table(run.env)
@@ -223,6 +289,9 @@ def render_html(run: RunData, figures: Sequence[Path]) -> str:
     parts.append(f"<p>{html.escape(run.environment_note())}</p>")
     for heading, table in _sections(run):
         parts += [f"<h2>{html.escape(heading)}</h2>", _html_table(table)]
+    samples = continuations(run.language)
+    if samples:
+        parts += _continuations_html(samples)
     chosen = _chosen_figures(figures)
     if chosen:
         parts.append("<h2>Figures</h2>")
@@ -254,6 +323,9 @@ def render_markdown(run: RunData, figures: Sequence[Path], relative_to: Path) ->
     parts += [run.environment_note(), ""]
     for heading, table in _sections(run):
         parts += [f"## {heading}", "", _markdown_table(table), ""]
+    samples = continuations(run.language)
+    if samples:
+        parts += _continuations_markdown(samples)
     chosen = _chosen_figures(figures)
     if chosen:
         parts += ["## Figures", ""]

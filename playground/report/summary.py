@@ -1,7 +1,8 @@
 """What a run's rows say, condensed: one line per (setup, pass, n) with the
 speed-up over the spec's baseline setup at the same n, and the fitted log-log
 exponents of time and memory over n per (setup, pass); written to summary.csv
-(and the accuracy rows to accuracy.csv). `report.tables` prints the lines.
+(and the accuracy rows to accuracy.csv, the language-model rows to lm_summary.csv:
+`report.language`). `report.tables` prints the lines.
 
 How sure each number is, is said beside it:
 - IQR only where a spread exists (three or more timed runs; older rows timed once show
@@ -26,6 +27,12 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from playground.report.language import (
+    LANGUAGE_COLUMNS,
+    LANGUAGE_SUMMARY,
+    is_accuracy_row,
+    language_records,
+)
 from playground.run.measure import (
     FLAG_EFFICIENCY_ABOVE_1,
     FLAG_PASS_ORDER,
@@ -290,7 +297,7 @@ ACCURACY_COLUMNS = (
 
 def accuracy_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The accuracy rows, reduced to ACCURACY_COLUMNS, task by task."""
-    selected = [row for row in rows if "task" in row]
+    selected = [row for row in rows if is_accuracy_row(row)]
     selected.sort(key=lambda row: row["task_label"])
     return [{column: row.get(column) for column in ACCURACY_COLUMNS} for row in selected]
 
@@ -304,8 +311,10 @@ def _csv(columns: list[str], rows: Iterable[dict[str, Any]]) -> str:
 
 
 def write_summary(store: RunStore, baseline: str | None = None) -> list[Line]:
-    """Derive summary.csv (costs) and accuracy.csv (tasks) from results.jsonl (again:
-    they are always recomputable)."""
+    """Derive summary.csv (costs), accuracy.csv (accuracy tasks) and lm_summary.csv
+    (language models) from results.jsonl (again: they are always recomputable).
+    MixedCorpora, once the others are written, when a language task's rows were scored
+    on different text."""
     rows = store.rows()
     lines = summarize(rows, baseline or spec_baseline(store), run_ceilings(store))
     columns = [name for name in Line.__dataclass_fields__ if name not in CSV_EXCLUDED]
@@ -317,4 +326,7 @@ def write_summary(store: RunStore, baseline: str | None = None) -> list[Line]:
     accuracy = accuracy_rows(rows)
     if accuracy:
         store.write_text(ACCURACY, _csv(list(ACCURACY_COLUMNS), accuracy))
+    language = language_records(rows)
+    if language:
+        store.write_text(LANGUAGE_SUMMARY, _csv(list(LANGUAGE_COLUMNS), language))
     return lines

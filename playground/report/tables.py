@@ -1,7 +1,7 @@
 """The run's summary as terminal tables (rich): the lines of `report.summary` one block per
-setup, the fitted exponents, the accuracy rows, and the nodes of a distributed
-run. `summary_entries` and `exponent_entries` are the text of each table entry, shared
-with report.html and report.md (`report.pages`).
+setup, the fitted exponents, the accuracy rows, the language-model rows, and the nodes of
+a distributed run. `summary_entries`, `exponent_entries` and `language_entries` are the
+text of each table entry, shared with report.html and report.md (`report.pages`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from playground.report.language import language_rows, setup_name
 from playground.report.summary import OK, PASS_TITLES, Line, accuracy_rows, baseline_note
 from playground.run.fidelity import CAUSAL_REFERENCE
 from playground.run.measure import FLAG_MEANINGS, ScalingFit
@@ -42,6 +43,73 @@ def print_accuracy(rows: list[dict[str, Any]], console: Console) -> None:
             _format(row["train_time_s"], ".1f"),
             row["status"] if ok else f"[red]{row['status']}[/red]: {escape(str(row['error']))}",
         )
+    console.print(table)
+
+
+LANGUAGE_TITLE = (
+    "Language modelling: bits per byte on held-out text (mean [95% interval over seeds]; "
+    "lower is better)"
+)
+LANGUAGE_TABLE_COLUMNS = (
+    "setup",
+    "task",
+    "train length",
+    "eval length",
+    "bits per byte",
+    "unigram",
+    "bigram",
+    "tokens/s",
+    "train s/seed",
+    "status",
+)
+
+
+def _bits_per_byte(row: dict[str, Any]) -> str:
+    mean = row.get("bits_per_byte_mean")
+    if mean is None:
+        return "-"
+    low, high = row.get("bits_per_byte_ci95_low"), row.get("bits_per_byte_ci95_high")
+    bounds = (low, high) if low is not None and high is not None else None
+    return format_interval(mean, bounds or row.get("bits_per_byte_ci95"))
+
+
+def language_entries(rows: list[dict[str, Any]]) -> list[list[str]]:
+    """LANGUAGE_TABLE_COLUMNS, one row per (setup, task, evaluation length), sorted by
+    setup then length; a row that did not finish ok shows its status and why.
+    MixedCorpora when a task's rows were scored on different text."""
+    entries = []
+    for row in language_rows(rows):
+        status = str(row.get("status", OK))
+        entries.append(
+            [
+                setup_name(row),
+                str(row.get("task_label") or row["task"]),
+                str(row.get("train_length", "-")),
+                str(row.get("eval_length", "-")),
+                _bits_per_byte(row) if status == OK else "-",
+                _format(row.get("unigram_bits_per_byte"), ".3f"),
+                _format(row.get("bigram_bits_per_byte"), ".3f"),
+                _format(row.get("tokens_per_s"), ",.0f"),
+                _format(row.get("train_time_s"), ".1f"),
+                f"{status}: {row['error']}" if status != OK and row.get("error") else status,
+            ]
+        )
+    return entries
+
+
+def print_language(rows: list[dict[str, Any]], console: Console) -> None:
+    """The language-model table (`language_entries`); nothing without language rows."""
+    entries = language_entries(rows)
+    if not entries:
+        return
+    table = compact_table(LANGUAGE_TITLE)
+    for column in LANGUAGE_TABLE_COLUMNS:
+        table.add_column(
+            column, justify="left" if column in ("setup", "task", "status") else "right"
+        )
+    for *values, status in entries:
+        shown = status if status == OK else f"[red]{escape(status)}[/red]"
+        table.add_row(*map(escape, values), shown)
     console.print(table)
 
 

@@ -15,6 +15,7 @@ weights it kept (playground.run.reevaluate).
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -51,19 +52,22 @@ def length_row(row: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def corpus_conflict(row: dict[str, Any], known: dict[str, str]) -> str | None:
-    """Why `row` cannot sit beside the run's rows of its task (`known`: task label ->
-    corpus fingerprint, updated with `row`'s when there is none yet); None when it can."""
-    fingerprint, label = row.get("corpus_fingerprint"), row.get("task_label")
-    if not isinstance(fingerprint, str) or not isinstance(label, str):
+    """Why `row` cannot sit beside the run's rows of its task (`known`: the task and its
+    options -> corpus fingerprint, updated with `row`'s when there is none yet; model
+    settings such as NoPE do not make another task); None when it can."""
+    fingerprint = row.get("corpus_fingerprint")
+    if not isinstance(fingerprint, str):
         return None
-    first = known.setdefault(label, fingerprint)
+    task = json.dumps([row.get("task"), row.get("task_options")], sort_keys=True, default=str)
+    first = known.setdefault(task, fingerprint)
     if first == fingerprint:
         return None
     return (
         f"this cell was measured on a different corpus (fingerprint {fingerprint[:12]}) from "
-        f"the run's other rows of {label} ({first[:12]}); bits per byte on different text are "
-        f"not comparable, so it is not reported beside them. Measure it where the corpus is "
-        f"the one the run started with (its source and root are in the row), or start a new run"
+        f"the run's other rows of task {row.get('task')!r} with these options ({first[:12]}); "
+        f"bits per byte on different text are not comparable, so it is not reported beside "
+        f"them. Measure it where the corpus is the one the run started with (its source and "
+        f"root are in the row), or start a new run"
     )
 
 

@@ -190,6 +190,7 @@ class Measurer:
                 d_model=cell.task.d_model,
                 num_heads=cell.task.num_heads,
                 num_layers=cell.task.num_layers,
+                metric=getattr(self.registry.get_task(cell.task.name), "metric", "accuracy"),
                 setup_label=" ".join(
                     part for part in (cell.variant.label, cell.task.settings_label) if part
                 ),

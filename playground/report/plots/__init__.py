@@ -5,8 +5,9 @@
 writes, for whatever the run measured: time, peak memory and efficiency vs n (one panel
 per pass, fitted exponents in the legend, n and n² for reference); fidelity against each
 swept option (or against n); accuracy per task and cost against accuracy (for accuracy
-rows: those with a "task" key); the attention pattern of every variant on a short
-sequence; and T5's relative bias per head. A variant keeps one colour in every figure
+rows); bits per byte against evaluation length and against training time (for
+language-model rows: `report.language` tells the kinds of task row apart); the attention
+pattern of every variant on a short sequence; and T5's relative bias per head. A variant keeps one colour in every figure
 (`variant_colour`); failed, OOM, unsupported and invalid cells are drawn as markers and
 listed in each figure's footnote, with the device, dtype and torch version.
 """

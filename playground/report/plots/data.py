@@ -1,8 +1,9 @@
 """A run directory read for plotting: its rows split by kind, its environment, its spec,
 and the series (one per setup) that every figure draws.
 
-Measurement rows come from `playground.run.measurer` (one per setup × n × pass);
-accuracy rows are those with a "task" key (one per setup × task). A series is
+Measurement rows come from `playground.run.measurer` (one per setup × n × pass); task
+rows have a "task" key: accuracy rows (one per setup × task) and language-model rows (one
+per setup × task × evaluation length), told apart by `report.language`. A series is
 named by its variant plus the options that vary between that variant's setups in this
 run (`linformer k=64`), so legends stay short while fixed options (`seq_len=2048`) are
 left to the report's tables.
@@ -22,6 +23,7 @@ from matplotlib.colors import is_color_like
 
 from playground.errors import PlaygroundError
 from playground.registry import default_registry
+from playground.report.language import is_accuracy_row, is_language_row
 from playground.run.store import ENV, ROWS, SPEC, RunStore
 
 OK = "ok"
@@ -58,12 +60,15 @@ class RunData:
     spec: dict[str, Any]
     measurements: list[dict[str, Any]] = field(init=False)
     accuracy: list[dict[str, Any]] = field(init=False)
+    language: list[dict[str, Any]] = field(init=False)
+    """The language-model rows (bits per byte), every evaluation length."""
     series: dict[str, Series] = field(init=False)
     """label -> Series, for measurement and accuracy rows alike."""
 
     def __post_init__(self) -> None:
         self.measurements = [row for row in self.rows if "task" not in row]
-        self.accuracy = [row for row in self.rows if "task" in row]
+        self.accuracy = [row for row in self.rows if is_accuracy_row(row)]
+        self.language = [row for row in self.rows if is_language_row(row)]
         self.series = make_series(self.rows)
 
     @property
@@ -75,7 +80,7 @@ class RunData:
 
     @property
     def failed(self) -> list[dict[str, Any]]:
-        """Every row whose status is not ok, measurement and accuracy alike."""
+        """Every row whose status is not ok, of every kind."""
         return [row for row in self.rows if row.get("status", OK) != OK]
 
     def labels(self, rows: Iterable[dict[str, Any]] | None = None) -> list[str]:

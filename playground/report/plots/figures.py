@@ -13,6 +13,7 @@ from playground.registry import Registry
 from playground.report.plots.accuracy import accuracy_figure, cost_accuracy_figure
 from playground.report.plots.data import PlotError, RunData, load_run
 from playground.report.plots.fidelity import fidelity_figures
+from playground.report.plots.language import extrapolation_figure, language_cost_figure
 from playground.report.plots.patterns import attention_pattern_figure, relative_bias_figure
 from playground.report.plots.scaling import METRICS, scaling_figure
 from playground.report.plots.style import FORMATS, assign_colours, save
@@ -31,6 +32,9 @@ def draw_figures(run: RunData, registry: Registry | None = None) -> dict[str, Fi
         made.update(_drawn("fidelity", lambda: fidelity_figures(run)) or {})
     made["accuracy"] = _drawn("accuracy", lambda: accuracy_figure(run))
     made["cost_vs_accuracy"] = _drawn("cost_vs_accuracy", lambda: cost_accuracy_figure(run))
+    if run.language:
+        made["lm_extrapolation"] = _drawn("lm_extrapolation", lambda: extrapolation_figure(run))
+        made["lm_cost"] = _drawn("lm_cost", lambda: language_cost_figure(run))
     made["attention_patterns"] = _drawn(
         "attention_patterns", lambda: attention_pattern_figure(run, registry)
     )

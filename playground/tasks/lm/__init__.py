@@ -55,7 +55,7 @@ class LanguageModellingOptions(TaskOptions):
                 raise ValueError(f"{name} must be a positive integer; got {value!r}")
         if self.eval_bytes < self.seq_len:
             raise ValueError(
-                f"eval_bytes ({self.eval_bytes}) must hold at least one window of seq_len "
+                f"eval_bytes ({self.eval_bytes}) must hold at least one training length, seq_len "
                 f"({self.seq_len}); raise eval_bytes"
             )
         if not isinstance(self.corpus, str) or not self.corpus:
@@ -137,7 +137,7 @@ class ByteLanguageModelling(LanguageTask):
         if length > self.options.eval_bytes:
             raise ConfigError(
                 f"evaluation length {length} is longer than the held-out set (eval_bytes = "
-                f"{self.options.eval_bytes}), which would not fill one window; raise the task's "
+                f"{self.options.eval_bytes}), so not one such span fits; raise the task's "
                 f"eval_bytes (the test split holds {self.corpus.streams['test'].numel()} bytes)"
             )
 
