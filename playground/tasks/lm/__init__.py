@@ -137,7 +137,7 @@ class ByteLanguageModelling(LanguageTask):
         if length > self.options.eval_bytes:
             raise ConfigError(
                 f"evaluation length {length} is longer than the held-out set (eval_bytes = "
-                f"{self.options.eval_bytes}), so not one such span fits; raise the task's "
+                f"{self.options.eval_bytes}): not one stretch of that length fits in it; raise the task's "
                 f"eval_bytes (the test split holds {self.corpus.streams['test'].numel()} bytes)"
             )
 
