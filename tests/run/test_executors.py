@@ -313,3 +313,37 @@ def test_a_ray_address_where_no_cluster_can_answer_is_refused_at_once(address, p
     with pytest.raises(PlaygroundError, match=problem) as refused:
         RayExecutor(address)
     assert "ray start --head" in str(refused.value)
+
+
+def test_the_native_kernels_are_built_before_the_first_cell_is_measured(tmp_path, monkeypatch):
+    """A first build of the native kernels takes seconds: it must not land in a timed cell."""
+    from playground.run import measurer as measurer_module
+    from playground.run.executors import local
+
+    events: list[str] = []
+    build = local.native.build_state
+
+    def built():
+        events.append("build")
+        return build()
+
+    monkeypatch.setattr(local.native, "build_state", built)
+    measure = measurer_module.Measurer.measure
+
+    def measured(self, cell):
+        events.append("measure")
+        return measure(self, cell)
+
+    monkeypatch.setattr(measurer_module.Measurer, "measure", measured)
+    path = tmp_path / "spec.toml"
+    path.write_text(
+        'name = "built"\nseq_lens = [16]\nd_model = 16\nnum_heads = 2\npasses = ["forward"]\n'
+        'measures = ["memory"]\n[[variants]]\nname = "vanilla"\n'
+    )
+    registry = Registry.discover(entry_points=False)
+    spec = load_spec(str(path), registry)
+    runner = Runner(spec, registry, RunStore.create(tmp_path / "results", spec.name))
+    runner.start()  # env.json asks the build state too; a resume would not
+    events.clear()
+    runner.measure_pending()
+    assert events[:2] == ["build", "measure"]

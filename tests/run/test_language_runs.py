@@ -298,3 +298,22 @@ def test_eval_lengths_on_a_task_scored_by_accuracy_is_refused(registry, tmp_path
     )
     with pytest.raises(SpecError, match=r"tasks\[0\].eval_lengths: task 'mqar'"):
         load_spec(str(path), registry)
+
+
+def test_a_variant_sized_to_the_training_length_keeps_that_size_beyond_it(
+    registry, tmp_path, corpus
+):
+    """Sigmoid attention fits b = -log n to the length it is built for (`fit_options`):
+    evaluated at 4 × L, the trained model keeps the b of L, and its weights are scored as
+    they were trained."""
+    store = run_spec(
+        registry, tmp_path, spec_text(corpus, variants=("sigmoid",), top="save_weights = true")
+    )
+    rows = {row["eval_length"]: row for row in store.rows()}
+    assert {row["status"] for row in rows.values()} == {"ok"}
+    assert rows[4 * L]["model"]["max_seq_len"] == L
+    config = ModelConfig(
+        **{k: v for k, v in rows[L]["model"].items() if k in ModelConfig.__dataclass_fields__}
+    )
+    model = TransformerClassifier(config, registry)
+    assert all(attention.config.bias_length == L for attention in model.attentions)
