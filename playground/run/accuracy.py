@@ -379,21 +379,25 @@ def row_fields(
         "steps": prepared.training.steps,
         "batch_size": prepared.training.batch_size,
     }
-    task = prepared.task
-    if isinstance(task, LanguageTask):
-        scores = [result.language for result in results if result.language is not None]
+
+    def identity(task: Task) -> dict[str, Any]:
+        """Which task the row scores, labelled with the model settings it trained with."""
+        label = training_label(
+            task.label,
+            curriculum=curriculum,
+            positional_encoding=model.positional_encoding,
+            **shape,
+        )
         return {
             "task": task.name,
             "task_options": dataclasses.asdict(task.options),
-            "task_label": training_label(
-                task.label,
-                curriculum=False,
-                positional_encoding=model.positional_encoding,
-                **shape,
-            ),
-            **common,
-            **language_fields(task, seeds, scores),
+            "task_label": label,
         }
+
+    task = prepared.task
+    if isinstance(task, LanguageTask):
+        scores = [result.language for result in results if result.language is not None]
+        return {**identity(task), **common, **language_fields(task, seeds, scores)}
 
     def scored(
         task: Task,
@@ -404,14 +408,7 @@ def row_fields(
         accuracies = [accuracy for accuracy, _ in scores]
         low, high = proportion_interval(accuracies, predictions) or (None, None)
         return {
-            "task": task.name,
-            "task_options": dataclasses.asdict(task.options),
-            "task_label": training_label(
-                task.label,
-                curriculum=curriculum,
-                positional_encoding=model.positional_encoding,
-                **shape,
-            ),
+            **identity(task),
             "accuracy_mean": statistics.fmean(accuracies),
             "accuracy_ci95": interval_half_width(accuracies),
             "accuracy_ci95_low": low,
