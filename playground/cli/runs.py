@@ -127,6 +127,7 @@ def command_run(registry: Registry, arguments: argparse.Namespace) -> int:
                 ("--variants", arguments.variants),
                 ("--seq-lens", arguments.seq_lens),
                 ("--threads", arguments.threads),
+                ("--save-weights", arguments.save_weights),
             )
             if value
         ]

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from playground.errors import UnsupportedFeature, failure_fields
+from playground.errors import ConfigError, UnsupportedFeature, failure_fields
 from playground.model.sampling import greedy_continuation
 from playground.model.training import bits_per_byte
 from playground.model.transformer import TransformerClassifier
@@ -36,13 +36,20 @@ def eval_cell_id(cell_id: str, length: int) -> str:
     return f"{cell_id}|{EVAL_LENGTH_TAG}={length}"
 
 
-LENGTH_FIELDS = ("eval_length", "status", "error", "scored_bytes")
+LENGTH_FIELDS = (
+    "eval_length",
+    "status",
+    "error",
+    "scored_bytes",
+    "unigram_bits_per_byte",
+    "bigram_bits_per_byte",
+)
 """What a language cell's row at one evaluation length has of its own (with bits_per_byte_*)."""
 
 
 def length_row(row: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     """The row of `row`'s cell at another evaluation length: everything the lengths share
-    (the training, the corpus, the baselines) from `row`, then that length's `fields`."""
+    (the training, the corpus) from `row`, then that length's `fields`."""
     shared = {
         key: value
         for key, value in row.items()
@@ -169,15 +176,27 @@ def length_fields(
     return fields
 
 
+def baseline_fields(task: LanguageTask, length: int) -> dict[str, Any]:
+    """The n-gram baselines on the bytes scored at `length` (none where that length has no
+    held-out set: its row says why)."""
+    try:
+        baselines = task.baselines(length)
+    except ConfigError:
+        return {}
+    return {f"{name}_bits_per_byte": value for name, value in baselines.items()}
+
+
 def language_fields(
     task: LanguageTask, seeds: Sequence[int], results: Sequence[LanguageScores]
 ) -> dict[str, Any]:
     """The row fields of a language-model cell: what every length's row shares (the
     corpus, baselines, throughput, samples), the training length's scores, and
     "evaluations", the other lengths' fields, each a row of its own."""
-    baselines = task.baselines()
     per_length = [
-        length_fields(scores[0].length, seeds, scores)
+        {
+            **length_fields(scores[0].length, seeds, scores),
+            **baseline_fields(task, scores[0].length),
+        }
         for scores in zip(*(result.lengths for result in results), strict=True)
     ]
     fingerprints = {result.fingerprint for result in results}
@@ -194,8 +213,6 @@ def language_fields(
         "metric": task.metric,
         "train_length": task.seq_len,
         **first,
-        "unigram_bits_per_byte": baselines["unigram"],
-        "bigram_bits_per_byte": baselines["bigram"],
         "validation_bits_per_byte": statistics.fmean(
             result.validation_bits_per_byte for result in results
         ),

@@ -3,9 +3,11 @@
 training, each new length appended to the same results.jsonl as a row of its own.
 
 A length a cell already has a row for is skipped, so an interrupted evaluation is finished
-by running the same command again. The corpus must be the one the models trained on: a
-different fingerprint is refused before anything is scored. A weights file that cannot be
-read is a DamagedRun naming it.
+by running the same command again. Only cells whose training row is `ok` and on the run's
+corpus are scored (a cell the runner marked as trained on other text is skipped, said). The
+corpus here must be the one the models trained on: a cell whose fingerprint differs is
+skipped with a message naming both, and when no cell is left the command is refused. A
+weights file that cannot be read is a DamagedRun naming it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,14 @@ import torch
 from playground.errors import ConfigError, PlaygroundError
 from playground.model.transformer import ModelConfig, TransformerClassifier
 from playground.registry import Registry
-from playground.run.language import eval_cell_id, length_fields, length_row, score_length
+from playground.run.language import (
+    baseline_fields,
+    corpus_conflict,
+    eval_cell_id,
+    length_fields,
+    length_row,
+    score_length,
+)
 from playground.run.measure import using_threads
 from playground.run.resume import resume
 from playground.run.store import ENV, RunStore
@@ -52,7 +61,7 @@ def trained_rows(store: RunStore) -> list[dict[str, Any]]:
             f"{store.directory} has no language-modelling rows to evaluate again (a task "
             f"like lm); `playground eval` scores the models such a run trained"
         )
-    kept = [row for row in rows if row.get("weights")]
+    kept = [row for row in rows if row.get("weights") and row.get("status") == "ok"]
     if not kept:
         raise PlaygroundError(
             f"{store.directory} kept no trained weights, so its models cannot be evaluated "
@@ -75,7 +84,7 @@ def planned(store: RunStore, lengths: Sequence[int]) -> list[Evaluation]:
 
 def task_of(registry: Registry, row: dict[str, Any]) -> LanguageTask:
     """The row's task, rebuilt on this machine; ConfigError when its corpus here is not
-    the one the row's models trained on."""
+    the one the row's models trained on, or the task cannot be made here."""
     task = registry.get_task(row["task"])(**row["task_options"])
     if not isinstance(task, LanguageTask):
         raise ConfigError(f"task {row['task']!r} of cell {row['cell']!r} is not a language task")
@@ -88,6 +97,19 @@ def task_of(registry: Registry, row: dict[str, Any]) -> LanguageTask:
             f"comparable. Evaluate where that corpus is, or train again on this one"
         )
     return task
+
+
+def length_problem(task: LanguageTask, length: int) -> str | None:
+    """Why the kept models cannot be scored at `length` (the run's held-out set is fixed,
+    so a longer length needs a new run); None when they can."""
+    try:
+        task.check_eval_length(length)
+    except ConfigError as error:
+        return (
+            f"{error}. The held-out set of a finished run is fixed: train a new run with a "
+            "larger eval_bytes for that length"
+        )
+    return None
 
 
 def models(
@@ -123,16 +145,32 @@ def evaluate_again(
         raise ConfigError(f"give positive evaluation lengths, like 4096,8192; got {list(lengths)}")
     threads = store.read_json(ENV).get("threads") if store.path(ENV).exists() else None
     written = 0
-    with store.lock(), using_threads(threads):
+    command = f"`playground eval {store.directory} --eval-lengths {','.join(map(str, lengths))}`"
+    with store.lock(then=command), using_threads(threads):
+        corpora: dict[str, str] = {}
+        for earlier in store.rows():
+            corpus_conflict(earlier, corpora)
         work = planned(store, lengths)
         if not work:
             announce("nothing to evaluate: every kept model has a row at each of those lengths")
         tasks: dict[str, LanguageTask] = {}
+        skipped: list[str] = []
         for row in {id(each.row): each.row for each in work}.values():
-            tasks[row["cell"]] = task_of(registry, row)
-            for length in lengths:
-                tasks[row["cell"]].check_eval_length(length)
+            try:
+                task = task_of(registry, row)
+            except ConfigError as error:
+                skipped.append(str(error))
+                announce(f"skipped: {error}")
+                continue
+            problem = next(filter(None, (length_problem(task, n) for n in lengths)), None)
+            if problem:
+                raise ConfigError(problem)
+            tasks[row["cell"]] = task
+        if skipped and not tasks:
+            raise ConfigError(skipped[0])
         for row in {id(each.row): each.row for each in work}.values():
+            if row["cell"] not in tasks:
+                continue
             task = tasks[row["cell"]]
             todo = [each.length for each in work if each.row is row]
             scores: dict[int, list] = {length: [] for length in todo}
@@ -143,7 +181,14 @@ def evaluate_again(
                     announce(f"{row['cell']}: seed {seed} at {length}")
                     scores[length].append(score_length(model, task, length, spec.device))
             for length in todo:
-                fields = length_fields(length, seeds, scores[length])
-                store.append({**length_row(row, fields), "evaluated_at": time.time()})
+                fields = {
+                    **length_fields(length, seeds, scores[length]),
+                    **baseline_fields(task, length),
+                }
+                new = {**length_row(row, fields), "evaluated_at": time.time()}
+                conflict = corpus_conflict(new, corpora)
+                if conflict and new.get("status") == "ok":
+                    new.update(status="error", error=conflict)  # its numbers stay in the row
+                store.append(new)
                 written += 1
     return written

@@ -245,7 +245,14 @@ def is_instance_of(value: Any, expected: Any) -> bool:
 
 def type_name(expected: Any) -> str:
     """`expected` in words for an error message: "an integer", "a list of strings"."""
-    names = {str: "a string", int: "an integer", float: "a number", list: "a list", dict: "a table"}
+    names = {
+        str: "a string",
+        int: "an integer",
+        float: "a number",
+        list: "a list",
+        dict: "a table",
+        bool: "true or false",
+    }
     if typing.get_origin(expected) is list:
         return f"a list of {names[typing.get_args(expected)[0]].split(' ', 1)[1]}s"
     return names[expected]

@@ -133,6 +133,11 @@ def task_run(
                     f"training examples task {stage_task.label!r} generates, so every step "
                     f"would train on all of them; use at most {stage_task.num_train}"
                 )
+    if isinstance(task, LanguageTask) and curriculum:
+        problems.add(
+            f"{where}.curriculum: a language task is scored in bits per byte at its own "
+            "lengths, and a curriculum's stages would not be; train it without one"
+        )
     if task is not None and "eval_lengths" in settings:
         if not isinstance(task, LanguageTask):
             problems.add(

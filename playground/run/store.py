@@ -34,9 +34,7 @@ import datetime
 import hashlib
 import json
 import os
-import pickle
 import re
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -82,7 +80,8 @@ class RunLock:
     """An exclusive flock on a run's run.lock, holding this process's id; `release()`
     (or the end of the process) frees it."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, then: str | None = None) -> None:
+        """`then`: the command to run once the holder is done (default: a resume)."""
         self.path = path
         self.file = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (held until release)
         if fcntl is None:
@@ -96,7 +95,7 @@ class RunLock:
             raise RunLocked(
                 f"{path} is locked by process {holder}, which is measuring this run now; a "
                 f"second run on it would measure the same cells twice. Wait for it to "
-                f"finish (or stop it), then `playground run --resume {path.parent}`"
+                f"finish (or stop it), then {then or f'`playground run --resume {path.parent}`'}"
             ) from None
         self.file.seek(0)
         self.file.truncate()
@@ -193,11 +192,11 @@ class RunStore:
     def path(self, name: str) -> Path:
         return self.directory / name
 
-    def lock(self) -> RunLock:
+    def lock(self, then: str | None = None) -> RunLock:
         """Hold the run for this process (see the module docstring); RunLocked naming the
         other process when it is held already."""
         try:
-            return RunLock(self.path(LOCK))
+            return RunLock(self.path(LOCK), then)
         except RunLocked:
             raise
         except OSError as error:
@@ -369,8 +368,9 @@ class RunStore:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except FileNotFoundError:
             reason = "is missing"
-        except (OSError, RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile, EOFError) as e:
-            reason = f"cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+        except Exception as error:  # a damaged file fails torch.load in many ways
+            first = (str(error).splitlines() or [""])[0][:200]
+            reason = f"cannot be read ({type(error).__name__}{': ' + first if first else ''})"
         else:
             if isinstance(state, dict) and all(torch.is_tensor(v) for v in state.values()):
                 return state

@@ -190,9 +190,9 @@ class LanguageTask(Task):
         """The validation split in windows of `length` bytes."""
         raise NotImplementedError
 
-    def baselines(self) -> dict[str, float]:
-        """Name -> bits per byte of a model that needs no attention (unigram, bigram) on
-        the held-out set, fitted on the training split."""
+    def baselines(self, length: int) -> dict[str, float]:
+        """Name -> bits per byte of a model that needs no attention (unigram, bigram),
+        fitted on the training split, on the held-out bytes scored at `length`."""
         raise NotImplementedError
 
     @property

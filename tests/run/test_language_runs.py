@@ -317,3 +317,24 @@ def test_a_variant_sized_to_the_training_length_keeps_that_size_beyond_it(
     )
     model = TransformerClassifier(config, registry)
     assert all(attention.config.bias_length == L for attention in model.attentions)
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (("top", 'save_weights = "yes"'), "save_weights.*must be true or false"),
+        (("extra", "curriculum = [{ seq_len = 8 }]"), r"tasks\[0\].curriculum: a language task"),
+    ],
+)
+def test_save_weights_and_curricula_are_checked(registry, tmp_path, corpus, change, expected):
+    where, text = change
+    path = tmp_path / "spec.toml"
+    path.write_text(spec_text(corpus, **{where: text}))
+    with pytest.raises(SpecError, match=expected):
+        load_spec(str(path), registry)
+
+
+def test_save_weights_cannot_be_added_on_resume(registry, tmp_path, corpus, capsys):
+    store = run_spec(registry, tmp_path, spec_text(corpus))
+    assert main(["run", "--resume", str(store.directory), "--save-weights"]) == 2
+    assert "drop --save-weights" in capsys.readouterr().err

@@ -205,7 +205,7 @@ def test_the_bigram_baseline_beats_the_unigram_one_on_patterned_text(tmp_path):
     for index in range(6):
         (directory / f"{index}.txt").write_bytes(b"abcdefgh" * 2000)
     task = ByteLanguageModelling(corpus=str(directory), seq_len=8, eval_bytes=256)
-    baselines = task.baselines()
+    baselines = task.baselines(8)
     assert baselines["bigram"] < 0.1 < 2.9 < baselines["unigram"] < 3.1  # log2(8) = 3
 
 
@@ -217,4 +217,27 @@ def test_the_unigram_baseline_of_uniform_bytes_is_near_eight_bits(tmp_path):
         data = torch.randint(0, 256, (60_000,), generator=generator, dtype=torch.uint8)
         (directory / f"{index}.bin").write_bytes(bytes(data.tolist()))
     task = ByteLanguageModelling(corpus=str(directory), seq_len=8, eval_bytes=4096)
-    assert math.isclose(task.baselines()["unigram"], 8.0, abs_tol=0.05)
+    assert math.isclose(task.baselines(8)["unigram"], 8.0, abs_tol=0.05)
+
+
+def test_a_file_name_that_is_not_utf8_is_read_like_any_other(corpus_dir):
+    (corpus_dir / os.fsdecode(b"bad\xff.txt")).write_bytes(b"still text\n" * 200)
+    corpus = load_corpus(str(corpus_dir))
+    assert os.fsdecode(b"bad\xff.txt") in {n for split in SPLITS for n in corpus.files[split]}
+
+
+def test_a_pipe_is_not_called_missing(tmp_path):
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    with pytest.raises(CorpusError, match="not a regular file or a directory"):
+        load_corpus(str(pipe))
+
+
+def test_baselines_score_the_bytes_each_length_scores(corpus_dir):
+    task = ByteLanguageModelling(corpus=str(corpus_dir), seq_len=16, eval_bytes=500)
+    unigram, _ = task._ngram_log_probabilities
+    for length in (16, 64, 100):  # 496, 448 and 500 bytes scored
+        labels = task.held_out(length).labels.flatten()
+        expected = float(-unigram[labels].mean()) / math.log(2)
+        assert task.baselines(length)["unigram"] == pytest.approx(expected, abs=1e-12)
+    assert task.baselines(16)["unigram"] != task.baselines(64)["unigram"]

@@ -52,8 +52,14 @@ def language_panels(run: RunData) -> dict[tuple[str, Any], Rows]:
     whose rows were scored on different text."""
     panels: dict[tuple[str, Any], Rows] = {}
     for row in language_rows(run.language):
-        panels.setdefault((task_base(row), row.get("train_length")), []).append(row)
+        if row.get("train_length") is not None:  # else refused before training: a note
+            panels.setdefault((task_base(row), row.get("train_length")), []).append(row)
     return panels
+
+
+def untrained_notes(run: RunData) -> list[str]:
+    """Notes for the setups refused before training (no length of their own)."""
+    return [_failure_note(row) for row in run.language if row.get("train_length") is None]
 
 
 def _scored(row: dict[str, Any]) -> bool:
@@ -115,7 +121,9 @@ def _title(task: str, rows: Rows, train_length: Any) -> str:
 def _failure_note(row: dict[str, Any]) -> str:
     message = (row.get("error") or "").strip().splitlines()
     detail = f": {message[0][:110]}" if message else ""
-    return f"{row.get('status', '?')}: {setup_name(row)} at length {row.get('eval_length')}{detail}"
+    length = row.get("eval_length")
+    where = f"at length {length}" if length is not None else "at every length"
+    return f"{row.get('status', '?')}: {setup_name(row)} {where}{detail}"
 
 
 def _corpus_note(task: str, rows: Rows) -> str | None:
@@ -178,7 +186,7 @@ def extrapolation_figure(run: RunData) -> Figure | None:
         return None
     styles = _styles(run)
     figure = new_figure(len(panels), "Bits per byte against evaluation length (lower is better)")
-    notes: list[str] = []
+    notes: list[str] = untrained_notes(run)
     statuses: set[str] = set()
     for axes, ((task, train_length), rows) in zip(figure.axes, panels.items(), strict=True):
         stack: dict[float, int] = {}

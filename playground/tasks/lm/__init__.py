@@ -11,9 +11,10 @@ The held-out set is the first `eval_bytes` bytes of the test split (its files in
 corpus's hash order, `playground.tasks.lm.corpus`), cut into non-overlapping windows of the
 evaluation length; every byte of a window is predicted from the bytes before it in that
 window, and bits per byte is averaged per position: the total over every scored byte,
-divided by their number. At a length that divides `eval_bytes` (the powers of two below
-it), every length scores the same bytes; otherwise the tail that does not fill a window is
-left out, and the row says how many bytes were scored.
+divided by their number. At a length that divides `eval_bytes` (with the default, a power
+of two, every power of two below it), every length scores the same bytes; otherwise the
+tail that does not fill a window is left out, the row says how many bytes were scored, and
+its n-gram baselines are computed on those same bytes.
 
 Training windows of L + 1 bytes start at random offsets in the training split (the usual
 character-level recipe, nanoGPT's among them), drawn from the seed.
@@ -21,6 +22,7 @@ character-level recipe, nanoGPT's among them), drawn from the seed.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -168,20 +170,25 @@ class ByteLanguageModelling(LanguageTask):
         return _windows(stream, length, min(self.options.eval_bytes, stream.numel() - 1))
 
     # --- baselines --------------------------------------------------------------------
-    def baselines(self) -> dict[str, float]:
-        """Unigram and bigram byte models with add-one smoothing, counted on the training
-        split, in bits per byte on the held-out set's bytes (the same at every length)."""
+    @functools.cached_property
+    def _ngram_log_probabilities(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """log P(byte) (256,) and log P(byte | previous byte) (256, 256), add-one smoothed,
+        counted on the training split."""
         train = self.corpus.streams["train"].long()
-        scored = self.corpus.streams["test"][: self.options.eval_bytes + 1].long()
-        previous, target = scored[:-1], scored[1:]
         unigram = (torch.bincount(train, minlength=256).double() + 1.0).log()
-        unigram = unigram - unigram.logsumexp(0)
         pairs = torch.bincount(train[:-1] * 256 + train[1:], minlength=256 * 256).double()
         bigram = (pairs.view(256, 256) + 1.0).log()
-        bigram = bigram - bigram.logsumexp(1, keepdim=True)
+        return unigram - unigram.logsumexp(0), bigram - bigram.logsumexp(1, keepdim=True)
+
+    def baselines(self, length: int) -> dict[str, float]:
+        """Unigram and bigram byte models with add-one smoothing, counted on the training
+        split, in bits per byte on exactly the bytes `held_out(length)` scores."""
+        labels = self.held_out(length).labels.flatten()
+        previous = self.held_out(length).tokens.flatten()
+        unigram, bigram = self._ngram_log_probabilities
         return {
-            "unigram": float(-unigram[target].mean()) / math.log(2),
-            "bigram": float(-bigram[previous, target].mean()) / math.log(2),
+            "unigram": float(-unigram[labels].mean()) / math.log(2),
+            "bigram": float(-bigram[previous, labels].mean()) / math.log(2),
         }
 
 

@@ -3,10 +3,10 @@
 A corpus is named by a `source`:
 - "stdlib" (the default): the `.py` files of the Python standard library of the
   interpreter running the experiment, leaving out test suites (`test/`, `tests/`,
-  `idle_test/`) and `site-packages`: about 14 MB of real code that every machine with
+  `idle_test/`) and `site-packages`: about 12 MB of real code (734 files on 3.11) that every machine with
   Python has, with nothing to download;
 - a file (enwik8, one book of PG-19), a directory (every file under it, hidden ones and
-  `__pycache__` left out) or a glob (`data/*.txt`, `books/**/*.txt`); `~` is expanded and
+  `__pycache__` left out; links to directories are not followed) or a glob (`data/*.txt`, `books/**/*.txt`); `~` is expanded and
   a relative path is taken from the working directory.
 
 Splits are assigned by file, never by random offsets into one stream, so no held-out
@@ -119,10 +119,15 @@ def find_files(source: str) -> tuple[Path, list[Path]]:
         ]
         if not files:
             raise CorpusError(
-                f"corpus {source!r}: the directory {path} holds no file; put text in it, "
-                "or give another corpus"
+                f"corpus {source!r}: the directory {path} holds no file (links to "
+                "directories are not followed); put text in it, or give another corpus"
             )
         return path, sorted(files)
+    if path.exists():
+        raise CorpusError(
+            f"corpus {source!r}: {path} is not a regular file or a directory (a pipe or a "
+            "device?); give a file, a directory or a glob of files"
+        )
     raise CorpusError(
         f"corpus {source!r}: no such file or directory ({path.resolve()}); give a file, a "
         f"directory, a glob, or {STDLIB!r} for the Python standard library"
@@ -140,7 +145,7 @@ def read_bytes(path: Path, source: str) -> bytes:
 
 
 def _order(relative: str) -> bytes:
-    return hashlib.blake2b(relative.encode(), digest_size=16).digest()
+    return hashlib.blake2b(os.fsencode(relative), digest_size=16).digest()
 
 
 def _split_by_file(sizes: dict[str, int]) -> dict[str, list[str]] | None:
@@ -192,7 +197,7 @@ def _read(source: str, root: Path, files: list[Path]) -> Corpus:
     contents = {path.relative_to(root).as_posix(): read_bytes(path, source) for path in files}
     digest = hashlib.blake2b(SPLIT_RULE.encode(), digest_size=20)
     for name in sorted(contents):
-        digest.update(name.encode() + b"\0" + len(contents[name]).to_bytes(8, "little"))
+        digest.update(os.fsencode(name) + b"\0" + len(contents[name]).to_bytes(8, "little"))
         digest.update(contents[name])
     sizes = {name: len(data) for name, data in contents.items()}
     if sum(sizes.values()) == 0:
