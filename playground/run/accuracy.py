@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -54,7 +55,7 @@ CURRICULUM_TAG = "curriculum"
 alone is another cell."""
 
 
-POSITIONAL_ENCODINGS = ("auto", "sinusoidal", "none")
+POSITIONAL_ENCODINGS: tuple[str, ...] = typing.get_args(PositionalEncodingName)
 """The model's own positions (ModelConfig.positional_encoding); "none" is NoPE."""
 
 

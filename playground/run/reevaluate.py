@@ -153,9 +153,10 @@ def evaluate_again(
         work = planned(store, lengths)
         if not work:
             announce("nothing to evaluate: every kept model has a row at each of those lengths")
+        cells = list({id(each.row): each.row for each in work}.values())  # in work's order
         tasks: dict[str, LanguageTask] = {}
         skipped: list[str] = []
-        for row in {id(each.row): each.row for each in work}.values():
+        for row in cells:
             try:
                 task = task_of(registry, row)
             except ConfigError as error:
@@ -168,7 +169,7 @@ def evaluate_again(
             tasks[row["cell"]] = task
         if skipped and not tasks:
             raise ConfigError(skipped[0])
-        for row in {id(each.row): each.row for each in work}.values():
+        for row in cells:
             if row["cell"] not in tasks:
                 continue
             task = tasks[row["cell"]]

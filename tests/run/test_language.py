@@ -21,6 +21,7 @@ import pytest
 import torch
 from rich.console import Console
 
+from playground.cli import main
 from playground.errors import ConfigError, PlaygroundError
 from playground.model.training import bits_per_byte
 from playground.model.transformer import ModelConfig, TransformerClassifier
@@ -436,6 +437,8 @@ def test_corpus_conflict_refuses_a_second_fingerprint_of_the_same_task():
     other = {**row, "task_options": {"corpus": "y", "seq_len": L}, "corpus_fingerprint": "b" * 40}
     assert corpus_conflict(other, known) is None  # another task: its own corpus
     assert corpus_conflict({"task": "mqar", "task_options": {}}, known) is None
+    nope = {**row, "task_label": "lm positional_encoding=none", "corpus_fingerprint": "c" * 40}
+    assert "different corpus" in (corpus_conflict(nope, known) or "")  # model settings: one task
 
 
 def test_the_runner_marks_a_cell_measured_on_another_corpus(registry, tmp_path, corpus):
@@ -529,3 +532,34 @@ def test_an_eval_length_above_eval_bytes_is_a_spec_error(registry, tmp_path, cor
     text = spec_text(corpus, eval_lengths=f"[{2 * L}, {2 * EVAL_BYTES}]")
     with pytest.raises(SpecError, match=rf"tasks\[0\]\.eval_lengths: .*eval_bytes = {EVAL_BYTES}"):
         load(registry, tmp_path, text)
+
+
+@pytest.mark.parametrize(
+    ("where", "text", "expected"),
+    [
+        ("top", 'save_weights = "yes"', "save_weights.*must be true or false"),
+        ("table", "curriculum = [{ seq_len = 8 }]", r"tasks\[0\].curriculum: a language task"),
+    ],
+)
+def test_save_weights_and_curricula_are_checked(registry, tmp_path, corpus, where, text, expected):
+    with pytest.raises(SpecError, match=expected):
+        load(registry, tmp_path, spec_text(corpus, **{where: text}))
+
+
+def test_save_weights_cannot_be_added_on_resume(registry, tmp_path, corpus, capsys):
+    store = run_spec(registry, tmp_path, spec_text(corpus, ("vanilla",), seeds=1, steps=2))
+    assert main(["run", "--resume", str(store.directory), "--save-weights"]) == 2
+    assert "drop --save-weights" in capsys.readouterr().err
+
+
+def test_a_variant_sized_to_the_training_length_keeps_that_size_beyond_it(
+    registry, tmp_path, corpus
+):
+    """Sigmoid attention fits b = -log n to the length it is built for (`fit_options`):
+    evaluated at 4 × L, the trained model keeps the b of L."""
+    store = run_spec(registry, tmp_path, spec_text(corpus, ("sigmoid",), top="save_weights = true"))
+    rows = {row["eval_length"]: row for row in store.rows()}
+    assert {row["status"] for row in rows.values()} == {"ok"}
+    assert rows[4 * L]["model"]["max_seq_len"] == L
+    model = model_of(rows[L], registry, "0", store)
+    assert all(attention.config.bias_length == L for attention in model.attentions)

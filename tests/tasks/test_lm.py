@@ -205,7 +205,7 @@ def test_the_fingerprint_changes_with_any_change(prose_dir, change):
         data[len(data) // 2] ^= 0x20
         victim.write_bytes(bytes(data))
     elif change == "rename":
-        victim.rename(prose_dir / "renamed.txt")
+        victim.rename(victim.with_name(victim.stem + "b" + victim.suffix))  # same sorted place
     else:
         (prose_dir / "added.txt").write_bytes(b"a new file\n")
     assert load_corpus(str(prose_dir)).fingerprint != before
@@ -435,3 +435,27 @@ def test_unigram_of_uniform_random_bytes_is_close_to_eight_bits(tmp_path):
     baselines = task(directory, seq_len=8, eval_bytes=4096).baselines(8)
     assert math.isclose(baselines["unigram"], 8.0, abs_tol=0.05)
     assert baselines["bigram"] > baselines["unigram"]  # 65536 pairs: too few to learn any
+
+
+def test_a_file_name_that_is_not_utf8_is_read_like_any_other(prose_dir):
+    name = os.fsdecode(b"bad\xff.txt")
+    (prose_dir / name).write_bytes(b"still text\n" * 200)
+    corpus = load_corpus(str(prose_dir))
+    assert name in {each for split in SPLITS for each in corpus.files[split]}
+
+
+def test_a_pipe_is_not_called_missing(tmp_path):
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    with pytest.raises(CorpusError, match="not a regular file or a directory"):
+        load_corpus(str(pipe))
+
+
+def test_baselines_score_the_bytes_each_length_scores(prose_dir):
+    lm = task(prose_dir, seq_len=16, eval_bytes=500)
+    unigram, _ = lm._ngram_log_probabilities
+    for length in (16, 64, 100):  # 496, 448 and 500 bytes scored
+        labels = lm.held_out(length).labels.flatten()
+        expected = float(-unigram[labels].mean()) / math.log(2)
+        assert lm.baselines(length)["unigram"] == pytest.approx(expected, abs=1e-12)
+    assert lm.baselines(16)["unigram"] != lm.baselines(64)["unigram"]

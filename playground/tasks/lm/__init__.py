@@ -183,8 +183,8 @@ class ByteLanguageModelling(LanguageTask):
     def baselines(self, length: int) -> dict[str, float]:
         """Unigram and bigram byte models with add-one smoothing, counted on the training
         split, in bits per byte on exactly the bytes `held_out(length)` scores."""
-        labels = self.held_out(length).labels.flatten()
-        previous = self.held_out(length).tokens.flatten()
+        scored = self.held_out(length)
+        labels, previous = scored.labels.flatten(), scored.tokens.flatten()
         unigram, bigram = self._ngram_log_probabilities
         return {
             "unigram": float(-unigram[labels].mean()) / math.log(2),
