@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from playground.config import VariantConfig, build_config
+from playground.decoding import DecodingState, RecomputeState, left_aligned, shifted
 from playground.errors import ConfigError, HookError, InvalidInput, UnsupportedFeature
 
 
@@ -65,6 +66,11 @@ class Capabilities:
     """What to do about a longer sequence (which option lifts the limit), for the error."""
     dtypes: tuple[torch.dtype, ...] = (torch.float32,)
     """Floating dtypes the variant computes in."""
+    decoding: bool = True
+    """A causal variant decodes one token at a time (`prefill`, `decode_step`); False for
+    one whose outputs a later token changes, with the reason in `decoding_hint`. A variant
+    that is not causal never decodes."""
+    decoding_hint: str = ""
 
     def features(self) -> list[str]:
         """Short names of the declared features, for tables."""
@@ -184,6 +190,174 @@ class AttentionVariant(nn.Module):
                 query, key, value, attention_mask, is_causal, need_weights, **extra
             )
         return path(query, key, value, attention_mask, is_causal, need_weights, **extra)
+
+    # --- decoding: a prompt, then one token at a time (playground.decoding) ---------------
+    def prefill(
+        self,
+        prompt: torch.Tensor,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        max_length: int | None = None,
+        **extra: Any,
+    ) -> tuple[torch.Tensor, DecodingState]:
+        """Start decoding: prompt (B, P, d_model), padded on the left or the right
+        (attention_mask (B, P) bool, True = real token). Returns the prompt's outputs
+        (B, P, d_model), the causal forward's at every real token and zero at padding, and
+        the state for `decode_step`. `max_length`: the most tokens the state will hold, the
+        prompt's padded length included (a cache is then allocated once); None grows."""
+        self._check_decoding(prompt, attention_mask)
+        self._check_inputs(prompt, prompt, prompt, attention_mask, extra)
+        self._check_module_matches(prompt, attention_mask)
+        length = prompt.shape[1]
+        limit = self.capabilities.max_seq_len
+        if max_length is not None:
+            if isinstance(max_length, bool) or not isinstance(max_length, int):
+                raise InvalidInput(f"max_length must be an integer or None; got {max_length!r}")
+            if max_length < max(length, 1):
+                raise InvalidInput(
+                    f"max_length ({max_length}) must be at least the prompt's length ({length}) "
+                    f"and 1; it counts the prompt and every token to decode after it"
+                )
+        if limit is not None and max(length, max_length or 0) > limit:
+            raise UnsupportedFeature(
+                self.name,
+                f"decoding more than {limit} tokens (asked for {max(length, max_length or 0)})",
+                self.capabilities.max_seq_len_hint,
+            )
+        shift = left_aligned(attention_mask)  # right padding moves to the left
+        if shift is not None:
+            prompt = shifted(prompt, shift)
+            attention_mask = shifted(attention_mask, shift)
+            extra = {k: _shifted_like(v, shift, prompt) for k, v in extra.items()}
+        if attention_mask is not None:
+            prompt = _clear_non_finite_padding(prompt, prompt, prompt, attention_mask)[0]
+        output, state = self.prefill_state(prompt, attention_mask, max_length, **extra)
+        if not isinstance(state, DecodingState):
+            raise _hook_error(
+                self,
+                "prefill_state()",
+                f"returned {type(state).__name__} as its state; it must return (output, a "
+                f"playground.decoding.DecodingState)",
+            )
+        self._check_decoded(output, prompt.shape, "prefill_state()")
+        state.bind(self, prompt, max_length, length)
+        if attention_mask is not None:
+            output = output.masked_fill(~attention_mask[..., None], 0.0)
+        return (output if shift is None else shifted(output, shift, -1)), state
+
+    def decode_step(
+        self, token: torch.Tensor, state: DecodingState
+    ) -> tuple[torch.Tensor, DecodingState]:
+        """The next token (B, 1, d_model) of every sequence: its output (B, 1, d_model),
+        the causal forward's at its position, and the state, updated in place."""
+        if not isinstance(state, DecodingState) or not state.owned_by(self):
+            raise InvalidInput(
+                f"this decoding state was not started by this {self.name!r} module "
+                f"(got {type(state).__name__}); start one with `module.prefill(prompt)`, and "
+                f"give each layer its own"
+            )
+        self._check_inputs(token, token, token, None, {})
+        if token.shape[:2] != (state.batch, 1):
+            raise InvalidInput(
+                f"decode_step takes one token per sequence, (batch={state.batch}, 1, "
+                f"d_model={self.d_model}); got {tuple(token.shape)}"
+            )
+        if token.dtype != state.dtype or token.device != state.device:
+            raise InvalidInput(
+                f"the token is {token.dtype} on {token.device} but the state was started "
+                f"with {state.dtype} on {state.device}; convert the token, or start again"
+            )
+        self._check_module_matches(token, None)
+        if state.max_length is not None and state.length >= state.max_length:
+            raise InvalidInput(
+                f"the state is full: it was started with max_length={state.max_length} and "
+                f"holds {state.length} tokens; start it with a larger max_length"
+            )
+        limit = self.capabilities.max_seq_len
+        if limit is not None and state.length >= limit:
+            raise UnsupportedFeature(
+                self.name,
+                f"decoding past {limit} tokens",
+                self.capabilities.max_seq_len_hint,
+            )
+        output = self.step_state(token, state)
+        self._check_decoded(output, token.shape, "step_state()")
+        state.length += 1
+        return output, state
+
+    def _check_decoding(self, prompt: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
+        caps = self.capabilities
+        if not caps.decoding:
+            raise UnsupportedFeature(self.name, "decoding one token at a time", caps.decoding_hint)
+        if not caps.causal:
+            raise UnsupportedFeature(
+                self.name,
+                "decoding one token at a time",
+                "only a causal variant decodes (a later token must not change earlier outputs)",
+            )
+        if attention_mask is not None and not caps.padding_mask:
+            raise UnsupportedFeature(
+                self.name,
+                "padded prompts (attention_mask) in decoding",
+                "decode prompts of one length, or each on its own",
+            )
+        if isinstance(prompt, torch.Tensor) and prompt.dtype not in caps.dtypes:
+            raise UnsupportedFeature(
+                self.name,
+                f"dtype {prompt.dtype}",
+                f"declared dtypes: {', '.join(str(d) for d in caps.dtypes)}",
+            )
+
+    def _check_decoded(self, output: object, shape: torch.Size, hook: str) -> None:
+        if not isinstance(output, torch.Tensor) or output.shape != shape:
+            got = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
+            raise _hook_error(
+                self, hook, f"returned an output of {got}; it must be {tuple(shape)}, one per input"
+            )
+
+    def prefill_state(
+        self,
+        prompt: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        max_length: int | None,
+        **extra: Any,
+    ) -> tuple[torch.Tensor, DecodingState]:
+        """The prompt's causal outputs (B, P, d_model) and a state holding what later tokens
+        need. `prompt` is left-padded (the core moved any right padding) and its padding
+        holds finite values. Override it with `step_state`, keeping the variant's own cache
+        or recurrent state (playground.decoding's TokenCache and friends).
+
+        The default keeps every input and re-runs the causal forward over all of them at
+        each step: exact for every causal variant, O(n) work and memory per token."""
+        if extra:
+            raise UnsupportedFeature(
+                self.name,
+                f"decoding with forward arguments ({', '.join(sorted(extra))})",
+                "the default decoding keeps only the inputs; the variant would need its own "
+                "prefill_state and step_state",
+            )
+        state = RecomputeState(max_length)
+        real = attention_mask
+        if real is None:
+            real = torch.ones(prompt.shape[:2], dtype=torch.bool, device=prompt.device)
+        state.append(prompt, real)
+        output = self(prompt, attention_mask=attention_mask, is_causal=True).output
+        return output, state
+
+    def step_state(self, token: torch.Tensor, state: Any) -> torch.Tensor:
+        """Take the next token (B, 1, d_model) at position `state.length`: update `state`
+        in place and return the token's output (B, 1, d_model). The default re-runs the
+        causal forward over every input so far (see `prefill_state`)."""
+        if not isinstance(state, RecomputeState):
+            raise _hook_error(
+                self,
+                "step_state()",
+                f"got a {type(state).__name__}, made by an overridden prefill_state; a variant "
+                f"that overrides one of prefill_state and step_state must override both",
+            )
+        state.append(token, torch.ones(token.shape[:2], dtype=torch.bool, device=token.device))
+        inputs, real = state.sequence()
+        return self(inputs, attention_mask=real, is_causal=True).output[:, -1:]
 
     def _check_inputs(
         self,
@@ -362,13 +536,6 @@ class AttentionVariant(nn.Module):
         adds none (the default)."""
         return None
 
-    def kv_cache_per_token(self) -> int | None:
-        """Numbers a decoder keeps per generated token and layer for later queries (keys
-        and values, or what they are made from), all heads together; None when what it
-        keeps does not grow with the tokens (a recurrent state). The default is that of
-        the standard projections: a key and a value of d_model each."""
-        return 2 * self.d_model
-
     def reference_parameters(self) -> dict[str, str]:
         """Parameters of this variant that start from a parameter of exact attention of
         another name, {own name: exact attention's name}, so that fidelity compares like
@@ -396,6 +563,13 @@ class AttentionVariant(nn.Module):
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, num_heads={self.num_heads}, config={self.config}"
+
+
+def _shifted_like(value: Any, shift: torch.Tensor, prompt: torch.Tensor) -> Any:
+    """A forward argument laid out by token, (B, P, ...), moved with its prompt."""
+    if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[:2] == prompt.shape[:2]:
+        return shifted(value, shift)
+    return value
 
 
 def _clear_non_finite_padding(
@@ -534,28 +708,6 @@ def checked_share_with_first_layer(
                 f"returned {name!r}, which is not a one-line name; {expected}",
             )
     return names
-
-
-def checked_kv_cache_per_token(module: AttentionVariant) -> int | None:
-    """`module.kv_cache_per_token()`, refused unless None or a whole number >= 0."""
-    value = call_hook(module, "kv_cache_per_token")
-    if value is None:
-        return None
-    whole = (
-        isinstance(value, numbers.Real)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and float(value).is_integer()
-        and not value < 0  # numbers.Real declares < and <=, not >= (typeshed)
-    )
-    if not whole:
-        raise _hook_error(
-            module,
-            "kv_cache_per_token()",
-            f"returned {value!r}; it must return the count of numbers kept per token and "
-            f"layer (an integer >= 0), or None for a state that does not grow",
-        )
-    return int(value)
 
 
 def checked_logit_bias(module: AttentionVariant, n_q: int, n_k: int) -> torch.Tensor | None:

@@ -46,6 +46,7 @@ import torch
 from playground.config import VariantConfig
 from playground.contract import AttentionOutput, AttentionVariant, Capabilities, _hook_error
 from playground.errors import HookError
+from playground.decoding import TokenCache, cached_attention
 from playground.heads import (
     add_projections,
     attention_flops,
@@ -157,6 +158,22 @@ class SoftmaxAttention(AttentionVariant):
         uses it."""
         return project_heads(self, query, key, value)
 
+    def position_mod(
+        self, q: torch.Tensor, k: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q (B, H, Nq, d) and k (B, H, Nk, d) changed by their positions q_idx (Nq,) and
+        kv_idx (Nk,) int64 (rotated, say); the default leaves them as they are. Every
+        path uses it, and decoding gives it each new token's own position, so `project`
+        must not depend on positions: they come in here."""
+        return q, k
+
+    def decoding_window(self) -> int | None:
+        """How many of the latest keys a query can still see in causal decoding (its
+        `mask_mod`'s reach back), so that the cache keeps only those, in a rolling buffer;
+        None (the default): every key. The contract suite's decoding check catches a
+        window shorter than the mask's."""
+        return None
+
     def context_mod(self, context: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
         """Each head's output (B, H, Nq, d) before the output projection, changed by a
         function of the query input (B, Nq, d_model) (an output gate, say); the default
@@ -208,7 +225,11 @@ class SoftmaxAttention(AttentionVariant):
         return _hook_error(self, f"{type(self).__name__}.{hook}", problem)
 
     def _projected(
-        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        position: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`project`'s q, k, v, checked against the layout every path reads: q (B, H, Nq,
         d), k and v (B, H, Nk, ·), q and k of one width. A wrong layout would otherwise
@@ -241,7 +262,31 @@ class SoftmaxAttention(AttentionVariant):
             raise self._hook_problem(
                 "project(query, key, value)", f"returned {shapes}; expected {expected}"
             )
-        return q, k, v
+        # Positions 0 … N − 1, or a decoded token's own (one query, one key).
+        q_idx = torch.arange(n_q, device=q.device) if position is None else position
+        kv_idx = torch.arange(n_k, device=q.device) if position is None else position
+        return (*self._positioned(q, k, q_idx, kv_idx), v)
+
+    def _positioned(
+        self, q: torch.Tensor, k: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`position_mod(q, k, q_idx, kv_idx)`, checked: q and k of their shapes."""
+        if type(self).position_mod is SoftmaxAttention.position_mod:
+            return q, k
+        moved = self.position_mod(q, k, q_idx, kv_idx)
+        if (
+            isinstance(moved, (tuple, list))
+            and len(moved) == 2
+            and all(isinstance(t, torch.Tensor) for t in moved)
+            and moved[0].shape == q.shape
+            and moved[1].shape == k.shape
+        ):
+            return moved[0], moved[1]
+        raise self._hook_problem(
+            "position_mod(q, k, q_idx, kv_idx)",
+            f"returned {_described(moved)}; it must return (q, k) of the shapes it is given, "
+            f"q {tuple(q.shape)} and k {tuple(k.shape)}",
+        )
 
     def _scores(
         self,
@@ -360,6 +405,50 @@ class SoftmaxAttention(AttentionVariant):
         q, k, v = self._projected(query, key, value)  # (B, H, N, d)
         context, empty = scheduler.attend(q, k, v, attention_mask, is_causal)
         return AttentionOutput(self._output(context, query, empty), None)
+
+    # --- decoding: a key/value cache, the mods evaluated at the kept positions ----------
+    def prefill_state(self, prompt, attention_mask, max_length, **extra):
+        output = self(prompt, attention_mask=attention_mask, is_causal=True, **extra).output
+        _, k, v = self._projected(prompt, prompt, prompt)  # (B, H, P, d), positioned
+        cache = TokenCache(window=self._checked_window(), max_length=max_length)
+        real = attention_mask
+        if real is None:
+            real = torch.ones(prompt.shape[:2], dtype=torch.bool, device=prompt.device)
+        cache.append(real, k=k, v=v)
+        return output, cache
+
+    def step_state(self, token, state) -> torch.Tensor:
+        position = torch.tensor([state.length], device=token.device)
+        q, k, v = self._projected(token, token, token, position)  # (B, H, 1, d)
+        batch = token.shape[0]
+        state.append(torch.ones(batch, 1, dtype=torch.bool, device=token.device), k=k, v=v)
+        kept = state.kept_entries()
+        keys, values = kept["k"], kept["v"]  # (B, H, L, d): the cache, new token included
+        allowed = state.kept_real()[:, None, None, :]  # (B, 1, 1, L)
+        if not (self._has_score_mod or self._has_mask_mod):
+            context, empty = cached_attention(q, keys, values, allowed, self.scale)
+            return self._output(context, token, empty)
+        b, h, q_idx, kv_idx = index_grid(batch, self.num_heads, position, state.kept_positions())
+        scores = q @ keys.transpose(-2, -1) * self.scale  # (B, H, 1, L)
+        scores = self._scores(scores, b, h, q_idx, kv_idx).to(q.dtype).broadcast_to(scores.shape)
+        if self._has_mask_mod:
+            allowed = allowed & self._mask(b, h, q_idx, kv_idx)
+        scores = scores.masked_fill(~allowed, -math.inf)
+        weights = masked_softmax(scores, None)  # (B, H, 1, L)
+        empty = torch.isneginf(scores.amax(dim=-1)).all(dim=1)[..., None]  # (B, 1, 1)
+        return self._output(weights @ values, token, empty)
+
+    def _checked_window(self) -> int | None:
+        window = self.decoding_window()
+        if window is None or (
+            isinstance(window, int) and not isinstance(window, bool) and window >= 1
+        ):
+            return window
+        raise self._hook_problem(
+            "decoding_window()",
+            f"returned {_described(window)}; it must return how many of the latest keys a "
+            "query can still see (a positive integer), or None for all of them",
+        )
 
     def _scheduler(self) -> ModScheduler:
         """This call's CPU block schedule, over the checked mods (`_scores`, `_mask`), so a

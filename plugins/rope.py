@@ -13,9 +13,10 @@ dimension i pairs with i + d/2:
     R_m x = x ⊙ cos(m θ) + rotate_half(x) ⊙ sin(m θ),   rotate_half([x₁, x₂]) = [−x₂, x₁]
 
 with θ repeated over both halves (§3.4.3 writes the same rotation for interleaved pairs).
-Queries are at positions 0 … Nq − 1 and keys at 0 … Nk − 1. Then softmax attention as
-usual, so every path of `SoftmaxAttention` serves: the fast one, with no mods, is one fused
-SDPA call.
+Queries are at positions 0 … Nq − 1 and keys at 0 … Nk − 1 (`position_mod`); a decoded
+token is rotated by its own position, and the cache keeps rotated keys. Then softmax
+attention as usual, so every path of `SoftmaxAttention` serves: the fast one, with no
+mods, is one fused SDPA call.
 """
 
 import math
@@ -69,22 +70,23 @@ class RopeAttention(playground.SoftmaxAttention):
         exponents = torch.arange(0, self.head_dim, 2, dtype=dtype, device=device) / self.head_dim
         return 1.0 / self.config.rope_base**exponents
 
-    def rotary_cos_sin(self, n: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos(m θ) and sin(m θ), (N, d) in like's dtype, for positions m = 0 … N − 1;
+    def rotary_cos_sin(
+        self, positions: torch.Tensor, like: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos(m θ) and sin(m θ), (N, d) in like's dtype, for the positions m (N,);
         computed in float32 (float64 for float64), as Llama does."""
         dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
-        position = torch.arange(n, device=like.device, dtype=dtype)
-        angles = position[:, None] * self.frequencies(dtype, like.device)  # (N, d/2)
+        angles = positions.to(dtype)[:, None] * self.frequencies(dtype, like.device)  # (N, d/2)
         angles = torch.cat([angles, angles], dim=-1)  # (N, d): θ over both halves
         return angles.cos().to(like.dtype), angles.sin().to(like.dtype)
 
-    def project(self, query, key, value):
-        q, k, v = super().project(query, key, value)  # (B, H, N, d)
-        cos, sin = self.rotary_cos_sin(max(q.shape[2], k.shape[2]), q)
-        n_q, n_k = q.shape[2], k.shape[2]
-        q = q * cos[:n_q] + rotate_half(q) * sin[:n_q]
-        k = k * cos[:n_k] + rotate_half(k) * sin[:n_k]
-        return q, k, v
+    def position_mod(self, q, k, q_idx, kv_idx):
+        """R_m q and R_n k (eq. 15): each query and key rotated by its own position, so a
+        decoded token is rotated by its offset in the sequence."""
+        cos, sin = self.rotary_cos_sin(q_idx, q)
+        q = q * cos + rotate_half(q) * sin
+        cos, sin = self.rotary_cos_sin(kv_idx, k)
+        return q, k * cos + rotate_half(k) * sin
 
 
 @playground.hookimpl

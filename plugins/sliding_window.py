@@ -8,7 +8,8 @@ Each query sees the W keys nearest to it:
 
 The mask is the same both ways, |i − j| < W; the call's `is_causal` removes j > i. The
 core's blocked path skips every key outside a block's window, so time and memory grow as
-n · W.
+n · W. Decoding keeps the last W keys and values in a rolling buffer (Mistral §2, "Rolling
+Buffer Cache"), so its state stops growing at W tokens.
 """
 
 from dataclasses import dataclass
@@ -46,6 +47,9 @@ class SlidingWindowAttention(playground.SoftmaxAttention):
 
     def mask_mod(self, b, h, q_idx, kv_idx):
         return (q_idx - kv_idx).abs() < self.config.window
+
+    def decoding_window(self):
+        return self.config.window  # a decoded token sees the last W keys: a rolling buffer
 
 
 @playground.hookimpl

@@ -15,7 +15,6 @@ import torch
 import playground
 from playground.contract import (
     MAX_SPECIAL_SIZES,
-    checked_kv_cache_per_token,
     checked_logit_bias,
     checked_options_hook,
     checked_pattern_weights,
@@ -120,17 +119,13 @@ def test_share_with_first_layer_names_of_attributes_pass():
     assert checked_share_with_first_layer(cls(32, 4), cls(32, 4)) == ("q_proj", "q_proj.weight")
 
 
-# --- kv_cache_per_token ------------------------------------------------------------------
-@pytest.mark.parametrize("value", [-5, math.nan, 2.5, "64", True], ids=str)
-def test_kv_cache_per_token_junk_is_a_hook_error(value):
-    module = hostile("kv_cache_per_token", lambda self: value)(32, 4)
-    with pytest.raises(HookError, match=r"kv_cache_per_token\(\) hook returned"):
-        checked_kv_cache_per_token(module)
-
-
-def test_kv_cache_per_token_counts_and_none_pass():
-    assert checked_kv_cache_per_token(Vanilla(32, 4)) == 64
-    assert checked_kv_cache_per_token(hostile("kv_cache_per_token", lambda s: None)(32, 4)) is None
+# --- decoding_window ------------------------------------------------------------------------
+@pytest.mark.parametrize("value", [-5, 0, 2.5, "64", True], ids=str)
+def test_decoding_window_junk_is_a_hook_error(value):
+    attributes = {"name": "hostile_window", "decoding_window": lambda self: value}
+    module = type("HostileWindow", (playground.SoftmaxAttention,), attributes)(32, 4)
+    with pytest.raises(HookError, match=r"decoding_window\(\) hook returned"):
+        module.prefill(torch.randn(1, 3, 32))
 
 
 # --- logit_bias / pattern_weights ----------------------------------------------------------

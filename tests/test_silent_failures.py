@@ -204,28 +204,28 @@ def test_a_whole_row_of_minus_infinity_scores_outputs_zero_as_flex_attention_doe
     assert report.ok, report.failures
 
 
-# --- playground info does not print a junk count as a fact ---------------------------------
-NEGATIVE_CACHE = """
+# --- playground info does not print a junk state size as a fact ----------------------------
+JUNK_STATE = """
     import playground
 
 
-    class Negative(playground.SoftmaxAttention):
-        name, summary, paper = "negative_cache", "s", "-"
+    class JunkState(playground.SoftmaxAttention):
+        name, summary, paper = "junk_state", "s", "-"
 
-        def kv_cache_per_token(self):
-            return -5
+        def prefill_state(self, prompt, attention_mask, max_length):
+            return prompt, -5
 
 
     @playground.hookimpl
     def register_attention(register):
-        register(Negative)
+        register(JunkState)
 """
 
 
-def test_info_reports_a_junk_kv_cache_count_naming_the_hook(capsys, write_plugin):
-    path = write_plugin("negative_cache.py", NEGATIVE_CACHE)
-    code, out, _ = run(capsys, "--plugins-dir", str(path.parent), "info", "negative_cache")
+def test_info_reports_a_junk_decoding_state_naming_the_hook(capsys, write_plugin):
+    path = write_plugin("junk_state.py", JUNK_STATE)
+    code, out, _ = run(capsys, "--plugins-dir", str(path.parent), "info", "junk_state")
     assert code == 0
     flat = " ".join(out.split())
-    assert "-5 numbers per token" not in flat
-    assert "kv_cache_per_token() hook returned -5" in flat
+    assert "MiB" not in flat
+    assert "prefill_state() hook returned int as its state" in flat

@@ -17,9 +17,10 @@ from playground.cli.output import (
 )
 from playground.cli.scaffold import create_variant
 from playground.config import describe_options
-from playground.contract import checked_kv_cache_per_token, flops_exponent
-from playground.errors import HookError, PlaygroundError
+from playground.contract import AttentionVariant, flops_exponent
+from playground.errors import PlaygroundError, UnsupportedFeature
 from playground.registry import Registry
+from playground.run.decode import prefilled
 from playground.testing import CHECKS, iter_cases
 
 
@@ -54,19 +55,7 @@ def command_info(registry: Registry, arguments: argparse.Namespace) -> int:
     )
     flops = cls.flops(4096, 4096, 512, 8, **dataclasses.asdict(cls.Config()))
     console.print(f"flops at n=4096, d_model=512, 8 heads: {flops / 1e9:.1f} GFLOP per sequence")
-    try:
-        module = registry.build(cls.name, 512, 8)
-    except Exception as error:  # a variant that cannot be built so must not hide the rest
-        kept = f"not known (building it at d_model=512, 8 heads failed: {error})"
-    else:
-        try:
-            cached = checked_kv_cache_per_token(module)
-            kept = (
-                "a fixed-size state" if cached is None else f"{cached} numbers per token and layer"
-            )
-        except HookError as error:  # a junk count is reported, never printed as a fact
-            kept = f"not known ({error})"
-    console.print(f"decoder cache at d_model=512, 8 heads: {escape(kept)}", soft_wrap=True)
+    console.print(f"decoding state at d_model=512, 8 heads: {escape(state_size(registry, cls))}")
     table = Table(title=f"options of {cls.name} (playground.build({cls.name!r}, **options))")
     for column in ("option", "type", "default", "meaning"):
         table.add_column(column)
@@ -74,6 +63,26 @@ def command_info(registry: Registry, arguments: argparse.Namespace) -> int:
         table.add_row(option.name, option.type, repr(option.default), option.doc)
     console.print(table)
     return 0
+
+
+STATE_LENGTHS = (1024, 4096)
+"""Context lengths at which `playground info` prefills a state and reads its bytes."""
+
+
+def state_size(registry: Registry, cls: type[AttentionVariant]) -> str:
+    """What a decoding state of `cls` holds per sequence (float32) at STATE_LENGTHS, read
+    from states prefilled there (`DecodingState.nbytes`), and the growth per token."""
+    try:
+        module = registry.build(cls.name, 512, 8).eval()
+        sizes = [prefilled(module, n).nbytes for n in STATE_LENGTHS]
+    except UnsupportedFeature as refused:
+        return f"none: {refused}"
+    except Exception as error:  # a variant that fails here must not hide the rest of info
+        return f"not known (prefilling a state failed: {type(error).__name__}: {error})"
+    (short, long), (n_short, n_long) = sizes, STATE_LENGTHS
+    growth = (long - short) / (n_long - n_short)
+    per_token = "fixed size" if growth == 0 else f"{growth:,.0f} bytes per token and layer"
+    return f"{short / 2**20:.2f} MiB at {n_short} tokens, {long / 2**20:.2f} MiB at {n_long} ({per_token})"
 
 
 def command_plugins(registry: Registry, arguments: argparse.Namespace) -> int:

@@ -52,12 +52,16 @@ def test_info_shows_paper_options_and_capabilities(capsys):
 @pytest.mark.parametrize(
     ("name", "cache"),
     [
-        ("vanilla", "1024 numbers per token"),
-        ("gqa", "256 numbers per token"),
-        ("linear", "a fixed-size state"),
+        # float32 keys and values of 512 (gqa: 2 of 8 heads, 128), and a real-token flag
+        ("vanilla", "4,097 bytes per token and layer"),
+        ("gqa", "1,025 bytes per token and layer"),
+        ("sliding_window", "fixed size"),  # W = 512 keys, reached by 1024
+        ("linear", "fixed size"),
+        ("linformer", "none: variant 'linformer' does not support decoding"),
     ],
 )
-def test_info_shows_the_decoder_cache(capsys, name, cache):
+def test_info_shows_the_decoding_state(capsys, name, cache):
+    """Read from states prefilled at 1024 and 4096 tokens, so it cannot disagree with them."""
     code, out, _ = run(capsys, "info", name)
     assert code == 0 and cache in " ".join(out.split())
 

@@ -69,11 +69,14 @@ def test_as_many_groups_as_heads_is_vanilla():
 
 
 def test_the_cache_shrinks_by_heads_over_groups():
-    vanilla = playground.build("vanilla", 512, 8).kv_cache_per_token()
-    assert vanilla == 1024
+    """The state's own bytes: G key/value heads keep G / H of exact attention's cache."""
+    from playground.run.decode import prefilled
+
+    vanilla = prefilled(playground.build("vanilla", 64, 8), 256).nbytes
     for groups in (1, 2, 4, 8):
-        cached = playground.build("gqa", 512, 8, num_kv_heads=groups).kv_cache_per_token()
-        assert cached * 8 // groups == vanilla
+        cached = prefilled(playground.build("gqa", 64, 8, num_kv_heads=groups), 256).nbytes
+        mask = 256  # the cache's (1, 256) bool real-token mask
+        assert (cached - mask) * 8 // groups == vanilla - mask
 
 
 def test_groups_that_do_not_divide_the_heads_are_refused():

