@@ -225,7 +225,7 @@ class AttentionVariant(nn.Module):
                 self.capabilities.max_seq_len_hint,
             )
         shift = left_aligned(attention_mask)  # right padding moves to the left
-        if shift is not None:
+        if shift is not None and attention_mask is not None:  # a shift comes from a mask
             prompt = shifted(prompt, shift)
             attention_mask = shifted(attention_mask, shift)
             extra = {k: _shifted_like(v, shift, prompt) for k, v in extra.items()}

@@ -117,7 +117,7 @@ class TokenCache(DecodingState):
     given (then they are allocated once, as HF's StaticCache is); with a window only the
     last `window` tokens are kept, in a rolling buffer (slot = position mod window), so the
     state stops growing there. Attention is order-free, so the slots need not be in order:
-    `positions` says where each came from (−1: never written).
+    `kept_positions()` says where each came from (computed, not stored).
     """
 
     def __init__(self, window: int | None = None, max_length: int | None = None) -> None:
@@ -127,14 +127,13 @@ class TokenCache(DecodingState):
         self.window = window
         self.capacity_limit = max_length if window is None else min(window, max_length or window)
         self.entries: dict[str, torch.Tensor] = {}
-        self.slot_positions = torch.empty(0, dtype=torch.long)  # (slots,)
         self.slot_real = torch.empty(0, 0, dtype=torch.bool)  # (B, slots)
         self.count = 0  # tokens appended so far
 
     @property
     def slots(self) -> int:
         """Slots allocated."""
-        return self.slot_positions.shape[0]
+        return self.slot_real.shape[1]
 
     @property
     def kept(self) -> int:
@@ -165,7 +164,6 @@ class TokenCache(DecodingState):
             slots = torch.arange(first, needed, device=real.device) % self.slots
         for name, tensor in entries.items():
             self.entries[name][:, :, slots] = tensor[:, :, n - keep :]
-        self.slot_positions[slots] = torch.arange(first, needed, device=real.device)
         self.slot_real[:, slots] = real[:, n - keep :]
         self.count = needed
 
@@ -175,31 +173,32 @@ class TokenCache(DecodingState):
             name: t.new_zeros(t.shape[0], t.shape[1], slots, t.shape[3])
             for name, t in entries.items()
         }
-        self.slot_positions = torch.full((slots,), -1, dtype=torch.long, device=device)
         self.slot_real = torch.zeros(real.shape[0], slots, dtype=torch.bool, device=device)
 
     def _resize(self, slots: int) -> None:
         kept = self.kept
 
-        def grown(t: torch.Tensor, fill: Any) -> torch.Tensor:
+        def grown(t: torch.Tensor, dim: int) -> torch.Tensor:
             shape = list(t.shape)
-            dim = 2 if t.dim() == 4 else t.dim() - 1
             shape[dim] = slots
-            bigger = torch.full(shape, fill, dtype=t.dtype, device=t.device)
+            bigger = t.new_zeros(shape)
             bigger.narrow(dim, 0, kept).copy_(t.narrow(dim, 0, kept))
             return bigger
 
-        self.entries = {name: grown(t, 0) for name, t in self.entries.items()}
-        self.slot_positions = grown(self.slot_positions, -1)
-        self.slot_real = grown(self.slot_real, False)
+        self.entries = {name: grown(t, 2) for name, t in self.entries.items()}
+        self.slot_real = grown(self.slot_real, 1)
 
     def kept_entries(self) -> dict[str, torch.Tensor]:
         """Each entry's kept tokens, (B, heads, kept, width): views, not copies."""
         return {name: t[:, :, : self.kept] for name, t in self.entries.items()}
 
     def kept_positions(self) -> torch.Tensor:
-        """(kept,) int64: the position each kept slot holds."""
-        return self.slot_positions[: self.kept]
+        """(kept,) int64: the position each kept slot holds. A rolling buffer's slot s
+        holds the latest position ≡ s (mod slots)."""
+        slots = torch.arange(self.kept, device=self.slot_real.device)
+        if self.window is None or self.count <= self.slots:
+            return slots
+        return slots + self.slots * ((self.count - 1 - slots) // self.slots)
 
     def kept_real(self) -> torch.Tensor:
         """(B, kept) bool: which kept slots are real tokens (not padding)."""

@@ -125,6 +125,16 @@ def _why_not_a_variant(obj: Any) -> str | None:
         return f"{obj.__name__} must define forward_reference (the paper's math)"
     if obj.flops is AttentionVariant.flops:
         return f"{obj.__name__} must define flops(n_q, n_k, d_model, num_heads, **options)"
+    own = [
+        getattr(obj, hook) is not getattr(AttentionVariant, hook)
+        for hook in ("prefill_state", "step_state")
+    ]
+    if own[0] != own[1]:
+        return (
+            f"{obj.__name__} overrides {'prefill_state' if own[0] else 'step_state'} but not "
+            f"{'step_state' if own[0] else 'prefill_state'}: the two share one decoding state, "
+            f"so override both (or neither, for the default that re-runs the forward)"
+        )
     return _why_flops_fail(obj)
 
 

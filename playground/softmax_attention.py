@@ -45,8 +45,8 @@ import torch
 
 from playground.config import VariantConfig
 from playground.contract import AttentionOutput, AttentionVariant, Capabilities, _hook_error
-from playground.errors import HookError
 from playground.decoding import TokenCache, cached_attention
+from playground.errors import HookError
 from playground.heads import (
     add_projections,
     attention_flops,
