@@ -23,12 +23,12 @@ left-padded sequences, whose positions are those of the padded batch.
 
 from __future__ import annotations
 
-import math
 import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from playground.errors import InvalidInput
 
@@ -261,20 +261,18 @@ def cached_attention(
     v: torch.Tensor,
     allowed: torch.Tensor | None,
     scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Softmax attention of new queries over kept keys: q (B, H, n, d), k (B, G, L, d),
-    v (B, G, L, dv) with G dividing H (grouped heads read their key/value head without a
-    copy), `allowed` (B or 1, 1, n or 1, L) bool or None. Returns the context
-    (B, H, n, dv) and (B, n, 1) bool, True where a query saw no key (its output is zero)."""
-    batch, heads, n, d = q.shape
-    groups = k.shape[1]
-    grouped = q.reshape(batch, groups, heads // groups * n, d)  # (B, G, H/G · n, d)
-    scores = (grouped @ k.transpose(-2, -1)) * scale  # (B, G, H/G · n, L)
-    scores = scores.view(batch, groups, heads // groups, n, -1)
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed[:, :, None], -math.inf)
-    empty = torch.isneginf(scores.amax(dim=-1, keepdim=True))  # (B, G, H/G, n, 1)
-    weights = scores.masked_fill(empty, 0.0).softmax(dim=-1).masked_fill(empty, 0.0)
-    context = weights.view(batch, groups, heads // groups * n, -1) @ v
-    seen_nothing = empty.flatten(1, 2).all(dim=1)  # (B, n, 1)
-    return context.view(batch, heads, n, -1), seen_nothing
+    v (B, G, L, dv) with G dividing H (query head h reads key/value head h // (H / G),
+    without a copy), `allowed` (B or 1, 1, n or 1, L) bool or None. Returns the context
+    (B, H, n, dv) and (B, n, 1) bool, True where a query saw no key (its context is
+    zero), or None when every query saw one. One fused SDPA call: a step reads the cache
+    once."""
+    grouped = k.shape[1] != q.shape[1]
+    context = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=allowed, scale=scale, enable_gqa=grouped
+    )
+    if allowed is None:
+        return context, None
+    empty = ~allowed.any(dim=-1).any(dim=1)[..., None]  # (B, n, 1)
+    return context.masked_fill(empty[:, None], 0.0), empty

@@ -85,7 +85,8 @@ class RopeAttention(playground.SoftmaxAttention):
         decoded token is rotated by its offset in the sequence."""
         cos, sin = self.rotary_cos_sin(q_idx, q)
         q = q * cos + rotate_half(q) * sin
-        cos, sin = self.rotary_cos_sin(kv_idx, k)
+        if kv_idx is not q_idx:  # a decoded token's key is at its query's position
+            cos, sin = self.rotary_cos_sin(kv_idx, k)
         return q, k * cos + rotate_half(k) * sin
 
 
