@@ -22,7 +22,13 @@ import torch
 from torch import nn
 
 from playground.config import VariantConfig, build_config
-from playground.decoding import DecodingState, RecomputeState, left_aligned, shifted
+from playground.decoding import (
+    DecodingState,
+    RecomputeState,
+    left_aligned,
+    real_tokens,
+    shifted,
+)
 from playground.errors import ConfigError, HookError, InvalidInput, UnsupportedFeature
 
 
@@ -337,10 +343,7 @@ class AttentionVariant(nn.Module):
                 "prefill_state and step_state",
             )
         state = RecomputeState(max_length)
-        real = attention_mask
-        if real is None:
-            real = torch.ones(prompt.shape[:2], dtype=torch.bool, device=prompt.device)
-        state.append(prompt, real)
+        state.append(prompt, real_tokens(prompt, attention_mask))
         output = self(prompt, attention_mask=attention_mask, is_causal=True).output
         return output, state
 
@@ -355,7 +358,7 @@ class AttentionVariant(nn.Module):
                 f"got a {type(state).__name__}, made by an overridden prefill_state; a variant "
                 f"that overrides one of prefill_state and step_state must override both",
             )
-        state.append(token, torch.ones(token.shape[:2], dtype=torch.bool, device=token.device))
+        state.append(token, real_tokens(token, None))
         inputs, real = state.sequence()
         return self(inputs, attention_mask=real, is_causal=True).output[:, -1:]
 

@@ -223,6 +223,13 @@ class RecomputeState(DecodingState):
         return x, None if bool(real.all()) else real
 
 
+def real_tokens(x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """(B, n) bool: the padding mask of x (B, n, ·), all True when there is none."""
+    if attention_mask is not None:
+        return attention_mask
+    return torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+
+
 # --- prompts padded on either side ------------------------------------------------------
 def left_aligned(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     """(B,) int64: how far each prompt must move right so that its padding is all on the

@@ -45,7 +45,7 @@ import torch
 
 from playground.config import VariantConfig
 from playground.contract import AttentionOutput, AttentionVariant, Capabilities, _hook_error
-from playground.decoding import TokenCache, cached_attention
+from playground.decoding import TokenCache, cached_attention, real_tokens
 from playground.errors import HookError
 from playground.heads import (
     add_projections,
@@ -411,17 +411,14 @@ class SoftmaxAttention(AttentionVariant):
         output = self(prompt, attention_mask=attention_mask, is_causal=True, **extra).output
         _, k, v = self._projected(prompt, prompt, prompt)  # (B, H, P, d), positioned
         cache = TokenCache(window=self._checked_window(), max_length=max_length)
-        real = attention_mask
-        if real is None:
-            real = torch.ones(prompt.shape[:2], dtype=torch.bool, device=prompt.device)
-        cache.append(real, k=k, v=v)
+        cache.append(real_tokens(prompt, attention_mask), k=k, v=v)
         return output, cache
 
     def step_state(self, token, state) -> torch.Tensor:
         position = torch.tensor([state.length], device=token.device)
         q, k, v = self._projected(token, token, token, position)  # (B, H, 1, d)
         batch = token.shape[0]
-        state.append(torch.ones(batch, 1, dtype=torch.bool, device=token.device), k=k, v=v)
+        state.append(real_tokens(token, None), k=k, v=v)
         kept = state.kept_entries()
         keys, values = kept["k"], kept["v"]  # (B, H, L, d): the cache, new token included
         allowed = state.kept_real()[:, None, None, :]  # (B, 1, 1, L)

@@ -12,6 +12,8 @@ as in HF Llama's `repeat_kv`.
 
 The reference repeats each key/value head H/G times and runs exact attention; the fast
 path hands the G heads to fused SDPA with `enable_gqa`, which never repeats them.
+Decoding caches the G key/value heads only, and a new token's H queries read them grouped,
+without repeating them: the state is G/H of exact attention's.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from torch import nn
 
 import playground
 from playground import AttentionOutput, AttentionVariant, Capabilities, VariantConfig
+from playground.decoding import TokenCache, cached_attention, real_tokens
 from playground.heads import attention_flops, project_output, split_heads
 from playground.masks import allowed_keys, empty_query_rows, masked_softmax
 
@@ -110,6 +113,22 @@ class GroupedQueryAttention(AttentionVariant):
         allowed = allowed_keys(attention_mask, q.shape[2], k.shape[2], is_causal, q.device)
         context = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
         return AttentionOutput(project_output(self, context, empty_query_rows(allowed)), None)
+
+    # --- decoding: a cache of the G key/value heads ------------------------------------
+    def prefill_state(self, prompt, attention_mask, max_length):
+        output = self(prompt, attention_mask=attention_mask, is_causal=True).output
+        _, k, v = self._project(prompt, prompt, prompt)  # k, v (B, G, P, d)
+        cache = TokenCache(max_length=max_length)
+        cache.append(real_tokens(prompt, attention_mask), k=k, v=v)
+        return output, cache
+
+    def step_state(self, token, state):
+        q, k, v = self._project(token, token, token)  # q (B, H, 1, d); k, v (B, G, 1, d)
+        state.append(real_tokens(token, None), k=k, v=v)
+        kept = state.kept_entries()
+        allowed = state.kept_real()[:, None, None, :]  # (B, 1, 1, L)
+        context, empty = cached_attention(q, kept["k"], kept["v"], allowed, self.head_dim**-0.5)
+        return project_output(self, context, empty)
 
 
 @playground.hookimpl

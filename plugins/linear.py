@@ -17,6 +17,10 @@ path never forms it: without causality, the two sums once (O(N · d²)); with it
 queries, each adding its keys to a running (d, d) state after it has used the state of
 the keys before it, with the causal part inside the chunk done densely (O(N · (C + d) · d)
 time, O(N · d + C²) memory per chunk).
+
+Decoding is the RNN of §3.4 (eqs. 18–20): the state is S = Σ φ(K_j) V_jᵀ and z = Σ φ(K_j)
+over the tokens so far, (d, d) and (d,) per head whatever the length; a new token adds
+its key to both, then reads them with its query.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch.nn.functional as F
 
 import playground
 from playground import AttentionOutput, AttentionVariant, Capabilities, VariantConfig
+from playground.decoding import DecodingState
 from playground.heads import add_projections, project_heads, project_output, projection_flops
 from playground.masks import allowed_keys, empty_query_rows, queries_without_keys
 
@@ -136,6 +141,30 @@ class LinearAttention(AttentionVariant):
                 normaliser = normaliser + k_chunk.sum(dim=2)
             contexts.append(numerator / (denominator + EPSILON))
         return torch.cat(contexts, dim=2)  # (B, H, Nq, d)
+
+    # --- decoding: the recurrent state of §3.4 ------------------------------------------
+    def prefill_state(self, prompt, attention_mask, max_length):
+        output = self(prompt, attention_mask=attention_mask, is_causal=True).output
+        _, phi_k, v = self._feature_maps(prompt, prompt, prompt, attention_mask)
+        state = LinearState(phi_k.transpose(-2, -1) @ v, phi_k.sum(dim=2))  # padding left out
+        return output, state
+
+    def step_state(self, token, state):
+        phi_q, phi_k, v = self._feature_maps(token, token, token, None)  # (B, H, 1, d)
+        state.kv += phi_k.transpose(-2, -1) @ v  # S_i = S_(i−1) + φ(K_i) V_iᵀ   (eq. 18)
+        state.normaliser += phi_k[:, :, 0]  # z_i = z_(i−1) + φ(K_i)               (eq. 19)
+        numerator = phi_q @ state.kv  # (B, H, 1, dv)
+        denominator = phi_q @ state.normaliser[..., None] + EPSILON  # (B, H, 1, 1)   (eq. 20)
+        return project_output(self, numerator / denominator, None)
+
+
+class LinearState(DecodingState):
+    """S = Σ φ(K_j) V_jᵀ (B, H, d, dv) and z = Σ φ(K_j) (B, H, d): a fixed size."""
+
+    def __init__(self, kv: torch.Tensor, normaliser: torch.Tensor) -> None:
+        super().__init__()
+        self.kv = kv
+        self.normaliser = normaliser
 
 
 @playground.hookimpl

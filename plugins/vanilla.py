@@ -12,6 +12,10 @@ with h = 8 heads and d_model = 512 by default, so d_k = d_v = 64.
 (n × n) score matrix. SDPA does not return the probabilities, so a `need_weights=True`
 call runs the reference (the core does that for every variant whose fast path returns no
 weights; O(n²) memory for that call only).
+
+Decoding keeps every key and value (a key/value cache, allocated once when the length is
+known): a new token's query attends over the cache with one fused SDPA call, reading each
+kept key and value once.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch.nn.functional as F
 
 import playground
 from playground import AttentionOutput, AttentionVariant, Capabilities, VariantConfig
+from playground.decoding import TokenCache, cached_attention, real_tokens
 from playground.heads import (
     add_projections,
     attention_flops,
@@ -93,6 +98,22 @@ class VanillaAttention(AttentionVariant):
         allowed = allowed_keys(attention_mask, q.shape[2], k.shape[2], is_causal, q.device)
         mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout)
         return AttentionOutput(project_output(self, mixed, empty_query_rows(allowed)), None)
+
+    # --- decoding: a key/value cache ---------------------------------------------------
+    def prefill_state(self, prompt, attention_mask, max_length):
+        output = self(prompt, attention_mask=attention_mask, is_causal=True).output
+        _, k, v = project_heads(self, prompt, prompt, prompt)  # (B, H, P, d)
+        cache = TokenCache(max_length=max_length)
+        cache.append(real_tokens(prompt, attention_mask), k=k, v=v)
+        return output, cache
+
+    def step_state(self, token, state):
+        q, k, v = project_heads(self, token, token, token)  # (B, H, 1, d)
+        state.append(real_tokens(token, None), k=k, v=v)
+        kept = state.kept_entries()
+        allowed = state.kept_real()[:, None, None, :]  # (B, 1, 1, L): padding is not seen
+        context, empty = cached_attention(q, kept["k"], kept["v"], allowed, self.head_dim**-0.5)
+        return project_output(self, context, empty)
 
 
 @playground.hookimpl
