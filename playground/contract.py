@@ -247,8 +247,7 @@ class AttentionVariant(nn.Module):
             )
         self._check_decoded(output, prompt.shape, "prefill_state()")
         state.bind(self, prompt, max_length, length)
-        if attention_mask is not None:
-            output = output.masked_fill(~attention_mask[..., None], 0.0)
+        # Padding, all on the left, sees no key under causal masking: its outputs are zero.
         return (output if shift is None else shifted(output, shift, -1)), state
 
     def decode_step(

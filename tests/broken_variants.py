@@ -419,3 +419,80 @@ class NegativeWeightsDeclaredNonnegative(Vanilla):
         return AttentionOutput(output, weights * (1 + 3 * drift))
 
     forward_fast = None
+
+
+# --- decoding (playground/testing/decoding.py) -----------------------------------------------
+Rope = playground.get_variant("rope")
+Linear = playground.get_variant("linear")
+SlidingWindow = playground.get_variant("sliding_window")
+
+
+class DropsOldestKeyEarly(Vanilla):
+    """Its cache evicts the oldest key one step before it should (a full cache has none
+    to evict): every decoded token after the first misses key 0."""
+
+    name = "broken_drops_oldest_key"
+
+    def step_state(self, token, state):
+        if state.kept:
+            state.slot_real[:, 0] = False
+        return super().step_state(token, state)
+
+
+class RopeOffByOne(Rope):
+    """A decoded token is rotated as if one position later; the forward is untouched (a
+    single-token forward rotates q and k alike, so its scores do not change)."""
+
+    name = "broken_rope_off_by_one"
+
+    def position_mod(self, q, k, q_idx, kv_idx):
+        if q.shape[2] == 1 and k.shape[2] == 1:
+            q_idx = kv_idx = q_idx + 1
+        return super().position_mod(q, k, q_idx, kv_idx)
+
+
+class ForgetsNormaliser(Linear):
+    """Its recurrent state loses z = Σ φ(K_j) at every step: the new token is normalised
+    by its own key alone."""
+
+    name = "broken_forgets_normaliser"
+
+    def step_state(self, token, state):
+        state.normaliser.zero_()
+        return super().step_state(token, state)
+
+
+class WindowBufferOneShort(SlidingWindow):
+    """Its rolling buffer keeps W − 1 keys where the mask lets a query see W."""
+
+    name = "broken_window_one_short"
+
+    def decoding_window(self):
+        return self.config.window - 1
+
+
+class _Holder:
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+
+class HidesStateTensor(Vanilla):
+    """Keeps a tensor inside an object its state's `nbytes` does not look into."""
+
+    name = "broken_hides_state_tensor"
+
+    def prefill_state(self, prompt, attention_mask, max_length):
+        output, state = super().prefill_state(prompt, attention_mask, max_length)
+        state.scratch = _Holder(torch.zeros(1024))
+        return output, state
+
+
+class CachesPaddingAsReal(Vanilla):
+    """Its cache forgets which prompt tokens were padding: decoded tokens attend to them."""
+
+    name = "broken_caches_padding"
+
+    def prefill_state(self, prompt, attention_mask, max_length):
+        output, state = super().prefill_state(prompt, attention_mask, max_length)
+        state.slot_real.fill_(True)
+        return output, state

@@ -34,6 +34,7 @@ from playground.testing.corners import (
     tolerance_for,
     where,
 )
+from playground.testing.decoding import DECODING_CHECKS
 from playground.testing.properties import check_property_search
 from playground.testing.subject import LONG_LENGTH, MODES, Subject, describe
 
@@ -605,6 +606,7 @@ CHECKS: tuple[Callable[[Subject], None], ...] = (
     check_large_magnitude_inputs,
     check_undeclared_features_raise,
     check_rejects_malformed_inputs,
+    *DECODING_CHECKS,
     check_property_search,
 )
 """Every check, in the order they run."""

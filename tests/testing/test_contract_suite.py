@@ -71,6 +71,12 @@ def test_contract(case):
         (broken_variants.UndeclaredTrainingNoise, "check_training_randomness_is_declared"),
         (broken_variants.FalselyRandom, "check_training_randomness_is_declared"),
         (broken_variants.NegativeWeightsDeclaredNonnegative, "check_weights_sum_to_one"),
+        (broken_variants.DropsOldestKeyEarly, "check_decoding_matches_forward"),
+        (broken_variants.RopeOffByOne, "check_decoding_matches_forward"),
+        (broken_variants.ForgetsNormaliser, "check_decoding_matches_forward"),
+        (broken_variants.WindowBufferOneShort, "check_decoding_matches_forward"),
+        (broken_variants.HidesStateTensor, "check_decoding_state_size"),
+        (broken_variants.CachesPaddingAsReal, "check_decoding_padded_prompts"),
     ],
     ids=lambda value: value if isinstance(value, str) else value.__name__,
 )
@@ -145,3 +151,33 @@ def test_softmax_attention_without_mods_passes_the_suite():
 
     report = check_attention(ExactAttention)
     assert report.ok, report.failures
+
+
+@pytest.mark.parametrize(
+    ("broken", "keeps"),
+    [
+        (broken_variants.DropsOldestKeyEarly, "check_decoding_state_size"),
+        (broken_variants.RopeOffByOne, "check_causality"),
+        (broken_variants.RopeOffByOne, "check_decoding_state_size"),
+        (broken_variants.ForgetsNormaliser, "check_fast_matches_reference"),
+        (broken_variants.WindowBufferOneShort, "check_padding_invariance"),
+        (broken_variants.HidesStateTensor, "check_decoding_matches_forward"),
+        (broken_variants.HidesStateTensor, "check_decoding_padded_prompts"),
+        (broken_variants.CachesPaddingAsReal, "check_decoding_matches_forward"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else value.__name__,
+)
+def test_a_decoding_break_is_caught_by_the_decoding_checks_only(broken, keeps):
+    """Each decoding break leaves the forward (and the other decoding promise) intact, so
+    only the check made for it can catch it."""
+    check = next(check for check in CHECKS if check.__name__ == keeps)
+    report = check_attention(broken, checks=[check])
+    assert report.ok, report.failures
+
+
+def test_the_decoding_checks_skip_a_variant_that_refuses_to_decode():
+    from playground.testing.decoding import DECODING_CHECKS
+
+    report = check_attention("linformer", checks=list(DECODING_CHECKS))
+    assert {r.verdict for r in report.results} == {"skipped"}
+    assert all("prefill refuses it" in r.reason for r in report.results)
