@@ -51,7 +51,7 @@ def test_a_padded_batch_decodes_like_each_sequence_alone(name, side):
 
 def test_padding_inside_a_prompt_is_refused():
     mask = torch.tensor([[True, False, True]])
-    with pytest.raises(InvalidInput, match="pad on one side only.*sequence 0"):
+    with pytest.raises(InvalidInput, match=r"pad on one side only.*sequence 0"):
         build().prefill(tokens(1, 3), attention_mask=mask)
 
 

@@ -6,7 +6,6 @@ printed as a fact."""
 from __future__ import annotations
 
 import itertools
-import math
 
 import numpy
 import pytest

@@ -104,7 +104,9 @@ def test_bfloat16_rotates_by_float32_angles():
     does): cos(m θ) off by no more than bfloat16's own rounding, at any position."""
     module = playground.build("rope", D_MODEL, HEADS)
     exact, _ = module.rotary_cos_sin(torch.arange(4096), torch.zeros(1))
-    low, _ = module.to(torch.bfloat16).rotary_cos_sin(torch.arange(4096), torch.zeros(1, dtype=torch.bfloat16))
+    low, _ = module.to(torch.bfloat16).rotary_cos_sin(
+        torch.arange(4096), torch.zeros(1, dtype=torch.bfloat16)
+    )
     assert (low.float() - exact).abs().max() < 1e-2
 
 
