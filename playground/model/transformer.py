@@ -15,6 +15,10 @@ Heads: per-token classification (`target="token"`, logits at every position) or
 whole-sequence classification (`target="sequence"`) from the first position (a [CLS]
 token, made global through the variant's `global_token_arguments`) or from the mean over
 real tokens.
+
+A causal token-target model decodes incrementally (`prefill`, then `decode_step`): each
+layer's attention keeps its own decoding state, a new token gets the positional encoding
+of its own position, and the feed-forward sublayers and the head run on its row only.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from playground.contract import (
     checked_options_hook,
     checked_share_with_first_layer,
 )
+from playground.decoding import DecodingState, left_aligned, shifted
 from playground.errors import ConfigError, UnsupportedFeature
 from playground.model.linear_layers import use_fast_linears
 from playground.registry import Registry
@@ -108,11 +113,11 @@ class PositionalEncoding(nn.Module):
         super().__init__()
         self.register_buffer("table", sinusoids(max_len, d_model), persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        length = x.shape[1]
-        if length <= self.table.shape[0]:
-            return x + self.table[:length].to(x.dtype)  # (B, L, d_model)
-        return x + sinusoids(length, x.shape[-1]).to(x.device, x.dtype)
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """x (B, L, d_model) at positions offset … offset + L − 1 (a decoded token's own)."""
+        end = offset + x.shape[1]
+        table = self.table if end <= self.table.shape[0] else sinusoids(end, x.shape[-1])
+        return x + table[offset:end].to(x.device, x.dtype)  # (B, L, d_model)
 
 
 class EncoderLayer(nn.Module):
@@ -228,10 +233,7 @@ class TransformerClassifier(nn.Module):
         the wanted positions, or position 0 of a sequence classified from it. The logits
         are the full computation's; the work skipped is the rows nothing reads.
         """
-        x = self.embedding(tokens) * math.sqrt(self.config.d_model)  # (B, L, d_model), §3.4
-        if self.positional_encoding is not None:
-            x = self.positional_encoding(x)
-        x = self.embedding_dropout(x)
+        x = self._embedded(tokens, offset=0)  # (B, L, d_model)
         extra: dict[str, Any] = {}
         if self.global_first_token:
             is_global = torch.zeros_like(tokens, dtype=torch.bool)  # (B, L)
@@ -260,9 +262,74 @@ class TransformerClassifier(nn.Module):
         pooled = (x * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)  # (B, d_model)
         return self.head(pooled)
 
+    # --- decoding: one token at a time, each layer's attention with its own state -------
+    def prefill(
+        self,
+        tokens: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        max_length: int | None = None,
+    ) -> tuple[torch.Tensor, ModelState]:
+        """Start decoding a causal token-target model: tokens (B, P) int64, padded on the
+        left or the right (attention_mask (B, P) bool). Returns the logits (B, P, C), those
+        of the forward, and the state for `decode_step`. `max_length` bounds the tokens the
+        state will hold (its caches are then allocated once)."""
+        if not (self.config.causal and self.config.target == "token"):
+            raise ConfigError(
+                "decoding needs a causal model with a token target (ModelConfig(causal=True, "
+                f"target='token')); this one has causal={self.config.causal}, "
+                f"target={self.config.target!r}"
+            )
+        shift = left_aligned(attention_mask)  # positions of the left-padded batch, as the
+        if shift is not None and attention_mask is not None:  # attention's state keeps
+            tokens, attention_mask = shifted(tokens, shift), shifted(attention_mask, shift)
+        x = self._embedded(tokens, offset=0)  # (B, P, d_model)
+        states = []
+        for layer in self._encoder_layers:
+            mixed, state = layer.attention.prefill(
+                layer.attention_norm(x), attention_mask=attention_mask, max_length=max_length
+            )
+            states.append(state)
+            x = layer.feed(x + layer.dropout(mixed))
+        logits = self.head(self.final_norm(x))  # (B, P, C)
+        if shift is not None:
+            logits = shifted(logits, shift, -1)
+        return logits, ModelState(states, tokens.shape[1])
+
+    def decode_step(self, token: torch.Tensor, state: ModelState) -> torch.Tensor:
+        """The next token of every sequence, (B, 1) int64: its logits (B, 1, C), those the
+        forward gives at its position; `state` is updated in place."""
+        if token.dim() != 2 or token.shape[1] != 1:
+            raise ConfigError(f"decode_step takes (batch, 1) token ids; got {tuple(token.shape)}")
+        x = self._embedded(token, offset=state.length)  # (B, 1, d_model)
+        for layer, layer_state in zip(self._encoder_layers, state.layers, strict=True):
+            mixed, _ = layer.attention.decode_step(layer.attention_norm(x), layer_state)
+            x = layer.feed(x + layer.dropout(mixed))
+        state.length += 1
+        return self.head(self.final_norm(x))
+
+    def _embedded(self, tokens: torch.Tensor, offset: int) -> torch.Tensor:
+        """Token embeddings (§3.4) with the positional encoding from `offset` on."""
+        x = self.embedding(tokens) * math.sqrt(self.config.d_model)  # (B, L, d_model)
+        if self.positional_encoding is not None:
+            x = self.positional_encoding(x, offset)
+        return self.embedding_dropout(x)
+
     def _read_out(self, x: torch.Tensor) -> torch.Tensor:
         """The last feed-forward sublayer and the final norm, on the rows (…, d_model)."""
         return self.final_norm(self._encoder_layers[-1].feed(x))
+
+
+@dataclass
+class ModelState:
+    """A model's decoding state: each layer's attention state, and the tokens so far."""
+
+    layers: list[DecodingState]
+    length: int
+    """Tokens so far, padding included: the next token's position."""
+
+    @property
+    def nbytes(self) -> int:
+        return sum(state.nbytes for state in self.layers)
 
 
 def describe(model: TransformerClassifier) -> dict[str, Any]:

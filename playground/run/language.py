@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from playground.errors import ConfigError, UnsupportedFeature, failure_fields
-from playground.model.sampling import greedy_continuation
+from playground.model.sampling import continue_bytes
 from playground.model.training import bits_per_byte
 from playground.model.transformer import TransformerClassifier
 from playground.run.stats import interval_half_width
@@ -136,7 +136,7 @@ def score_language(
 ) -> LanguageScores:
     """Score a trained model at every length of `lengths` (the training length first)."""
     train_length = task.seq_len
-    continuation = greedy_continuation(model, task.prompt, task.sample_bytes, device=device)
+    continuation = continue_bytes(model, task.prompt, task.sample_bytes, device=device)
     return LanguageScores(
         lengths=tuple(score_length(model, task, length, device) for length in lengths),
         validation_bits_per_byte=bits_per_byte(model, task.validation(train_length), device=device),
