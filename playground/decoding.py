@@ -271,15 +271,15 @@ def cached_attention(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Softmax attention of new queries over kept keys: q (B, H, n, d), k (B, G, L, d),
     v (B, G, L, dv) with G dividing H (query head h reads key/value head h // (H / G),
-    without a copy), `allowed` (B or 1, 1, n or 1, L) bool or None. Returns the context
-    (B, H, n, dv) and (B, n, 1) bool, True where a query saw no key (its context is
-    zero), or None when every query saw one. One fused SDPA call: a step reads the cache
-    once."""
+    without a copy), `allowed` (B or 1, H or 1, n or 1, L) bool or None. Returns the
+    context (B, H, n, dv), zero for a head that saw no key, and (B or 1, n, 1) bool, True
+    where a query saw no key in any head (its output is zero), or None when every query
+    saw one. One fused SDPA call: a step reads the cache once."""
     grouped = k.shape[1] != q.shape[1]
     context = F.scaled_dot_product_attention(
         q, k, v, attn_mask=allowed, scale=scale, enable_gqa=grouped
     )
     if allowed is None:
         return context, None
-    empty = ~allowed.any(dim=-1).any(dim=1)[..., None]  # (B, n, 1)
-    return context.masked_fill(empty[:, None], 0.0), empty
+    seen = allowed.any(dim=-1, keepdim=True)  # (B or 1, H or 1, n or 1, 1)
+    return context.masked_fill(~seen, 0.0), ~seen.any(dim=1)

@@ -426,6 +426,10 @@ class SoftmaxAttention(AttentionVariant):
             context, empty = cached_attention(q, keys, values, allowed, self.scale)
             return self._output(context, token, empty)
         b, h, q_idx, kv_idx = index_grid(batch, self.num_heads, position, state.kept_positions())
+        if not self._has_score_mod:  # a mask alone: one fused call over the allowed keys
+            allowed = allowed & self._mask(b, h, q_idx, kv_idx)
+            context, empty = cached_attention(q, keys, values, allowed, self.scale)
+            return self._output(context, token, empty)
         scores = q @ keys.transpose(-2, -1) * self.scale  # (B, H, 1, L)
         scores = self._scores(scores, b, h, q_idx, kv_idx).to(q.dtype).broadcast_to(scores.shape)
         if self._has_mask_mod:

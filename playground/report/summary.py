@@ -45,7 +45,11 @@ from playground.run.measure import (
 from playground.run.store import ACCURACY, ENV, SPEC, SUMMARY, DamagedRun, RunStore
 
 OK = "ok"
-PASS_TITLES = {"forward": "forward", "forward_backward": "forward + backward"}
+PASS_TITLES = {
+    "forward": "forward",
+    "forward_backward": "forward + backward",
+    "decode": "decode step",
+}
 """How a pass is named in tables, figure titles and legends."""
 
 
@@ -82,6 +86,10 @@ class Line:
     fidelity_reference: str | None = None
     time_fit: ScalingFit | None = None
     memory_fit: ScalingFit | None = None
+    state_mib: float | None = None
+    """Decode pass: the decoding state per sequence at the context length."""
+    bandwidth_efficiency: float | None = None
+    """Decode pass: reading the state once at the measured bandwidth, over the step's time."""
 
 
 def scaling_fits(
@@ -97,7 +105,8 @@ def scaling_fits(
             return None
         return fit_scaling([n for n, _ in points], [v for _, v in points])
 
-    return fit("time_ms"), fit("peak_memory_bytes")
+    # A decode row's memory is its state's bytes at the context length (no profile).
+    return fit("time_ms"), fit("peak_memory_bytes") or fit("state_bytes")
 
 
 def exponents(rows: Iterable[dict[str, Any]]) -> tuple[float | None, float | None]:
@@ -259,6 +268,10 @@ def summarize(
                     fidelity_reference=row.get("fidelity_reference"),
                     time_fit=time_fit,
                     memory_fit=memory_fit,
+                    state_mib=None
+                    if row.get("state_bytes") is None
+                    else row["state_bytes"] / 2**20,
+                    bandwidth_efficiency=row.get("bandwidth_efficiency"),
                 )
             )
     return lines

@@ -171,7 +171,9 @@ SUMMARY_COLUMNS = (
     "time ms",
     "IQR ms",
     "peak MiB",
+    "state MiB",
     "efficiency",
+    "BW eff.",
     "vs baseline",
     "rel err",
     "rel err local",
@@ -189,10 +191,14 @@ def summary_entries(line: Line) -> list[str]:
         line.label,
         line.pass_name,
         str(line.seq_len),
-        _format(line.time_ms, ".1f"),
-        _format(line.time_iqr_ms, ".1f"),
+        _format(line.time_ms, ".1f" if line.time_ms is None or line.time_ms >= 10 else ".3g"),
+        _format(
+            line.time_iqr_ms, ".1f" if line.time_iqr_ms is None or line.time_iqr_ms >= 10 else ".2g"
+        ),
         _format(line.peak_memory_mib, ".1f"),
+        _format(line.state_mib, ".2f"),
         _format(line.efficiency, ".2f"),
+        _format(line.bandwidth_efficiency, ".2f"),
         "no baseline run"
         if line.baseline_missing and line.time_ms is not None
         else _format(speedup, ".2f") + ("×" if speedup else ""),

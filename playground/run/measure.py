@@ -305,8 +305,9 @@ FLAG_PASS_ORDER = "forward slower than fwd+bwd"
 FLAG_MEANINGS = {
     FLAG_FEW_RUNS: f"fewer than {MIN_SPREAD_RUNS} timed runs, so no spread (IQR shown as -)",
     FLAG_LARGE_SPREAD: f"the IQR is above {LARGE_SPREAD:.0%} of the median time",
-    FLAG_EFFICIENCY_ABOVE_1: "faster than the measured matmul ceiling: the ceiling or the "
-    "time was measured in an odd moment, or flops() overcounts",
+    FLAG_EFFICIENCY_ABOVE_1: "faster than the measured matmul ceiling (a decode step: than "
+    "reading its state once at the measured bandwidth): the ceiling or the time was measured "
+    "in an odd moment, flops() overcounts, or the step does not read its whole state",
     FLAG_FLOPS_NOT_FINITE: "the variant's flops() overflowed (inf) or is NaN: no efficiency",
     FLAG_BUSY: "the 1-minute load average was above the core count: other work competed",
     FLAG_PASS_ORDER: "the forward alone took longer than forward+backward at the same n: "

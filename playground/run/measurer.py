@@ -39,6 +39,7 @@ from playground.run.accuracy import (
     row_fields,
 )
 from playground.run.cells import Cell
+from playground.run.decode import measure_decode, memory_bandwidth
 from playground.run.fidelity import measure_fidelity
 from playground.run.measure import (
     FLAG_FLOPS_NOT_FINITE,
@@ -49,7 +50,7 @@ from playground.run.measure import (
     time_call,
 )
 from playground.run.seeds import SeedLane, SeedOutcome, SeedTask
-from playground.run.spec import Spec
+from playground.run.spec import DECODE, Spec
 
 BACKWARD_FLOPS_FACTOR = 3
 """forward + backward ≈ 3 × forward FLOPs (the backward computes two products per
@@ -147,6 +148,8 @@ class Measurer:
         self.progress = progress
         """Where accuracy cells add their training bars (the runner's own)."""
         self.node = node or platform.node()
+        self.bandwidth: float | None = None
+        """Memory bandwidth (bytes/s) of this process, measured by its first decode cell."""
         self.keep_weights: Callable[[str, int, dict[str, torch.Tensor]], str] | None = None
         """(cell id, seed, state dict) -> where it was kept: the run's store, set by the
         runner when the spec keeps weights (None: weights are not kept)."""
@@ -287,6 +290,19 @@ class Measurer:
         module = self.registry.build(
             cell.variant.name, spec.d_model, spec.num_heads, **cell.variant.options
         ).to(spec.device, spec.torch_dtype)
+        if cell.pass_name == DECODE:
+            if self.bandwidth is None:  # once per process, on the run's threads
+                self.bandwidth = memory_bandwidth(spec.device, spec.torch_dtype, self.threads)
+            return measure_decode(
+                module,
+                cell.seq_len,
+                spec.batch_size,
+                spec.torch_dtype,
+                spec.device,
+                self.threads,
+                self.bandwidth,
+                spec.seed,
+            )
         generator = torch.Generator().manual_seed(spec.seed)
         tokens = torch.randn(spec.batch_size, cell.seq_len, spec.d_model, generator=generator).to(
             spec.device, spec.torch_dtype
@@ -344,7 +360,8 @@ class Measurer:
             run_pass.check()
         if run_pass.calls == 0:  # neither timed nor profiled: one call to check
             run_pass()
-        if "fidelity" in spec.measures and cell.pass_name == spec.passes[0]:
+        whole_passes = [name for name in spec.passes if name != DECODE]
+        if "fidelity" in spec.measures and cell.pass_name == whole_passes[0]:
             try:
                 fields.update(
                     measure_fidelity(

@@ -74,7 +74,9 @@ DTYPES = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
-PASSES = ("forward", "forward_backward")
+DECODE = "decode"
+"""The pass that prefills to the cell's length and times single decoding steps there."""
+PASSES = ("forward", "forward_backward", DECODE)
 MEASURES = ("speed", "memory", "fidelity", "accuracy")
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 """A spec's name: the directory results/<name>/ is made of it, so no `/`, `.` or space."""
@@ -192,7 +194,7 @@ class Spec:
     num_heads: int = 8
     dtype: str = "float32"
     device: str = "cpu"
-    passes: tuple[str, ...] = PASSES
+    passes: tuple[str, ...] = ("forward", "forward_backward")
     measures: tuple[str, ...] = ("speed", "memory", "fidelity")
     seed: int = 0
     threads: int | None = None

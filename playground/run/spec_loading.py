@@ -18,6 +18,7 @@ from playground.config import build_config, field_types
 from playground.errors import ConfigError, PlaygroundError
 from playground.registry import Registry, bundled_dir
 from playground.run.spec import (
+    DECODE,
     DTYPES,
     EXECUTORS,
     MEASURES,
@@ -249,6 +250,15 @@ def _check_settings(data: dict[str, Any], problems: Problems) -> dict[str, Any]:
         repeated = _repeated(typed.get(key, []))
         if repeated:
             problems.key(key, f"lists {repeated} more than once; give each once")
+    passes, measures = typed.get("passes", Spec.passes), typed.get("measures", Spec.measures)
+    if DECODE in passes and "speed" not in measures:
+        problems.key("passes", "'decode' times decoding steps: add 'speed' to measures")
+    if set(passes) == {DECODE} and {"memory", "fidelity"} & set(measures):
+        problems.key(
+            "measures",
+            "'memory' and 'fidelity' measure whole passes, not decoding steps (a decode row "
+            "carries its state's bytes): add 'forward' to passes, or drop them",
+        )
     if "address" in typed:
         problem = address_problem(typed["address"])
         if problem:

@@ -1,5 +1,6 @@
 """Cost against sequence length: time, peak memory and efficiency vs n, one panel per
-pass, one line per setup, fitted exponents in the legend."""
+pass, one line per setup, fitted exponents in the legend; for the decode pass, the time of
+one step and the decoding state's bytes against the context length."""
 
 from __future__ import annotations
 
@@ -57,7 +58,14 @@ EFFICIENCY = Metric(
     "useful FLOP/s ÷ measured GEMM FLOP/s",
     log_y=False,
 )
-METRICS = (TIME, MEMORY, EFFICIENCY)
+STATE = Metric(
+    "decode_state_vs_n",
+    "state_bytes",
+    "Decoding state vs context length",
+    "decoding state per sequence (MiB)",
+    scale=1 / 2**20,
+)
+METRICS = (TIME, MEMORY, EFFICIENCY, STATE)
 
 
 def set_length_axis(axes: Axes, lengths: list[int]) -> None:
@@ -113,7 +121,10 @@ def scaling_figure(run: RunData, metric: Metric) -> Figure | None:
     rows = run.measurements
     if not any(row.get(metric.key) is not None for row in rows):
         return None
-    passes = run.passes
+    # Only the passes that measure it: a decode row has no peak memory, a forward no state.
+    passes = [
+        p for p in run.passes if any(r.get(metric.key) is not None for r in rows if r["pass"] == p)
+    ]
     figure = new_figure(len(passes), metric.title)
     lengths = [row["seq_len"] for row in rows]
     statuses: set[str] = set()
