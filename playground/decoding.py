@@ -120,6 +120,9 @@ class TokenCache(DecodingState):
     `kept_positions()` says where each came from (computed, not stored).
     """
 
+    window: int | None
+    """Keep only the last `window` tokens (a rolling buffer); None: every token."""
+
     def __init__(self, window: int | None = None, max_length: int | None = None) -> None:
         super().__init__()
         if window is not None and window < 1:
@@ -275,10 +278,17 @@ def cached_attention(
     context (B, H, n, dv), zero for a head that saw no key, and (B or 1, n, 1) bool, True
     where a query saw no key in any head (its output is zero), or None when every query
     saw one. One fused SDPA call: a step reads the cache once."""
-    grouped = k.shape[1] != q.shape[1]
-    context = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=allowed, scale=scale, enable_gqa=grouped
-    )
+    batch, heads, n, _ = q.shape
+    groups = k.shape[1]
+    shared, mask = q, allowed
+    if groups != heads:  # each key/value head serves its H / G queries: one call per group
+        shared = q.reshape(batch, groups, heads // groups * n, q.shape[-1])
+        if allowed is not None:
+            mask = allowed.expand(-1, heads, n, -1).reshape(
+                allowed.shape[0], groups, -1, k.shape[2]
+            )
+    context = F.scaled_dot_product_attention(shared, k, v, attn_mask=mask, scale=scale)
+    context = context.reshape(batch, heads, n, v.shape[-1])
     if allowed is None:
         return context, None
     seen = allowed.any(dim=-1, keepdim=True)  # (B or 1, H or 1, n or 1, 1)

@@ -411,16 +411,16 @@ class SoftmaxAttention(AttentionVariant):
         output = self(prompt, attention_mask=attention_mask, is_causal=True, **extra).output
         _, k, v = self._projected(prompt, prompt, prompt)  # (B, H, P, d), positioned
         cache = TokenCache(window=self._checked_window(), max_length=max_length)
-        cache.append(real_tokens(prompt, attention_mask), k=k, v=v)
+        cache.append(real_tokens(prompt, attention_mask), keys=k, values=v)
         return output, cache
 
     def step_state(self, token, state) -> torch.Tensor:
         position = torch.tensor([state.length], device=token.device)
         q, k, v = self._projected(token, token, token, position)  # (B, H, 1, d)
         batch = token.shape[0]
-        state.append(real_tokens(token, None), k=k, v=v)
+        state.append(real_tokens(token, None), keys=k, values=v)
         kept = state.kept_entries()
-        keys, values = kept["k"], kept["v"]  # (B, H, L, d): the cache, new token included
+        keys, values = kept["keys"], kept["values"]  # (B, H, L, d): the cache, new token included
         allowed = state.kept_real()[:, None, None, :]  # (B, 1, 1, L)
         if not (self._has_score_mod or self._has_mask_mod):
             context, empty = cached_attention(q, keys, values, allowed, self.scale)

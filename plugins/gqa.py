@@ -119,15 +119,17 @@ class GroupedQueryAttention(AttentionVariant):
         output = self(prompt, attention_mask=attention_mask, is_causal=True).output
         _, k, v = self._project(prompt, prompt, prompt)  # k, v (B, G, P, d)
         cache = TokenCache(max_length=max_length)
-        cache.append(real_tokens(prompt, attention_mask), k=k, v=v)
+        cache.append(real_tokens(prompt, attention_mask), keys=k, values=v)
         return output, cache
 
     def step_state(self, token, state):
         q, k, v = self._project(token, token, token)  # q (B, H, 1, d); k, v (B, G, 1, d)
-        state.append(real_tokens(token, None), k=k, v=v)
+        state.append(real_tokens(token, None), keys=k, values=v)
         kept = state.kept_entries()
         allowed = state.kept_real()[:, None, None, :]  # (B, 1, 1, L)
-        context, empty = cached_attention(q, kept["k"], kept["v"], allowed, self.head_dim**-0.5)
+        context, empty = cached_attention(
+            q, kept["keys"], kept["values"], allowed, self.head_dim**-0.5
+        )
         return project_output(self, context, empty)
 
 

@@ -137,10 +137,11 @@ def test_the_core_names_no_shipped_variant_option_method_or_parameter():
 def test_the_overlap_with_the_core_vocabulary_is_known():
     """Shipped options that are also the core's own words, so the scan cannot tell them
     apart: kept to this list, each a word the core needs for itself (a results line's
-    `seq_len`, a model's `dropout`, a plotted metric's `scale`)."""
+    `seq_len`, a model's `dropout`, a plotted metric's `scale`, a rolling decoding cache's
+    `window`)."""
     options = {name for name, origin in shipped_names().items() if origin.startswith("option")}
     overlap = sorted(options & core_vocabulary())
-    assert overlap == ["dropout", "scale", "seq_len"], overlap
+    assert overlap == ["dropout", "scale", "seq_len", "window"], overlap
 
 
 def test_the_variants_named_like_torch_functions_are_known():
