@@ -133,6 +133,21 @@ class TokenCache(DecodingState):
         self.slot_real = torch.empty(0, 0, dtype=torch.bool)  # (B, slots)
         self.count = 0  # tokens appended so far
 
+    @classmethod
+    def of_prompt(
+        cls,
+        prompt: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        max_length: int | None,
+        window: int | None = None,
+        **entries: torch.Tensor,
+    ) -> TokenCache:
+        """A cache holding a prompt's entries, (B, heads, P, width) each, with the prompt's
+        padding (B, P) marked as not real."""
+        cache = cls(window=window, max_length=max_length)
+        cache.append(real_tokens(prompt, attention_mask), **entries)
+        return cache
+
     @property
     def slots(self) -> int:
         """Slots allocated."""
@@ -143,9 +158,12 @@ class TokenCache(DecodingState):
         """Slots holding a token."""
         return min(self.count, self.slots)
 
-    def append(self, real: torch.Tensor, **entries: torch.Tensor) -> None:
-        """Keep n more tokens: `real` (B, n) bool, and each entry (B, heads, n, width),
-        the same names at every call."""
+    def append(self, real: torch.Tensor | None = None, **entries: torch.Tensor) -> None:
+        """Keep n more tokens: each entry (B, heads, n, width), the same names at every
+        call, and `real` (B, n) bool, which are real tokens (None: all of them)."""
+        if real is None:
+            first = next(iter(entries.values()))
+            real = torch.ones(first.shape[0], first.shape[2], dtype=torch.bool, device=first.device)
         if self.entries and set(entries) != set(self.entries):
             raise InvalidInput(f"a TokenCache keeps {sorted(self.entries)}; got {sorted(entries)}")
         n, needed = real.shape[1], self.count + real.shape[1]

@@ -45,7 +45,7 @@ import torch
 
 from playground.config import VariantConfig
 from playground.contract import AttentionOutput, AttentionVariant, Capabilities, _hook_error
-from playground.decoding import TokenCache, cached_attention, real_tokens
+from playground.decoding import TokenCache, cached_attention
 from playground.errors import HookError
 from playground.heads import (
     add_projections,
@@ -410,15 +410,16 @@ class SoftmaxAttention(AttentionVariant):
     def prefill_state(self, prompt, attention_mask, max_length, **extra):
         output = self(prompt, attention_mask=attention_mask, is_causal=True, **extra).output
         _, k, v = self._projected(prompt, prompt, prompt)  # (B, H, P, d), positioned
-        cache = TokenCache(window=self._checked_window(), max_length=max_length)
-        cache.append(real_tokens(prompt, attention_mask), keys=k, values=v)
+        cache = TokenCache.of_prompt(
+            prompt, attention_mask, max_length, window=self._checked_window(), keys=k, values=v
+        )
         return output, cache
 
     def step_state(self, token, state) -> torch.Tensor:
         position = torch.tensor([state.length], device=token.device)
         q, k, v = self._projected(token, token, token, position)  # (B, H, 1, d)
         batch = token.shape[0]
-        state.append(real_tokens(token, None), keys=k, values=v)
+        state.append(keys=k, values=v)
         kept = state.kept_entries()
         keys, values = kept["keys"], kept["values"]  # (B, H, L, d): the cache, new token included
         allowed = state.kept_real()[:, None, None, :]  # (B, 1, 1, L)

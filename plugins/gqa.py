@@ -27,7 +27,7 @@ from torch import nn
 
 import playground
 from playground import AttentionOutput, AttentionVariant, Capabilities, VariantConfig
-from playground.decoding import TokenCache, cached_attention, real_tokens
+from playground.decoding import TokenCache, cached_attention
 from playground.heads import attention_flops, project_output, split_heads
 from playground.masks import allowed_keys, empty_query_rows, masked_softmax
 
@@ -118,13 +118,12 @@ class GroupedQueryAttention(AttentionVariant):
     def prefill_state(self, prompt, attention_mask, max_length):
         output = self(prompt, attention_mask=attention_mask, is_causal=True).output
         _, k, v = self._project(prompt, prompt, prompt)  # k, v (B, G, P, d)
-        cache = TokenCache(max_length=max_length)
-        cache.append(real_tokens(prompt, attention_mask), keys=k, values=v)
+        cache = TokenCache.of_prompt(prompt, attention_mask, max_length, keys=k, values=v)
         return output, cache
 
     def step_state(self, token, state):
         q, k, v = self._project(token, token, token)  # q (B, H, 1, d); k, v (B, G, 1, d)
-        state.append(real_tokens(token, None), keys=k, values=v)
+        state.append(keys=k, values=v)
         kept = state.kept_entries()
         allowed = state.kept_real()[:, None, None, :]  # (B, 1, 1, L)
         context, empty = cached_attention(

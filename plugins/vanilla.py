@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 import playground
 from playground import AttentionOutput, AttentionVariant, Capabilities, VariantConfig
-from playground.decoding import TokenCache, cached_attention, real_tokens
+from playground.decoding import TokenCache, cached_attention
 from playground.heads import (
     add_projections,
     attention_flops,
@@ -103,13 +103,12 @@ class VanillaAttention(AttentionVariant):
     def prefill_state(self, prompt, attention_mask, max_length):
         output = self(prompt, attention_mask=attention_mask, is_causal=True).output
         _, k, v = project_heads(self, prompt, prompt, prompt)  # (B, H, P, d)
-        cache = TokenCache(max_length=max_length)
-        cache.append(real_tokens(prompt, attention_mask), keys=k, values=v)
+        cache = TokenCache.of_prompt(prompt, attention_mask, max_length, keys=k, values=v)
         return output, cache
 
     def step_state(self, token, state):
         q, k, v = project_heads(self, token, token, token)  # (B, H, 1, d)
-        state.append(real_tokens(token, None), keys=k, values=v)
+        state.append(keys=k, values=v)
         kept = state.kept_entries()
         allowed = state.kept_real()[:, None, None, :]  # (B, 1, 1, L): padding is not seen
         context, empty = cached_attention(

@@ -9,8 +9,10 @@ import pytest
 import torch
 
 import playground
+from playground.decoding import TokenCache
 from playground.heads import split_heads
 from playground.masks import allowed_keys, masked_softmax
+from tests.variants.decoding import decoded_in_place, largest_allocation_of_a_step
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.llama.modeling_llama import repeat_kv  # noqa: E402
@@ -91,3 +93,25 @@ def test_the_contract_holds_for_multi_query_attention():
 
     report = check_attention("gqa", options={"num_kv_heads": 1})
     assert report.ok, report.failures
+
+
+# --- decoding: a cache of the G key/value heads -------------------------------------------
+def test_the_decoding_state_is_a_cache_of_the_key_value_heads():
+    """A float32 key and value per token and key/value head (2·B·G·L·d·4) and a real-token
+    flag (B·L), allocated once for max_length = L."""
+    torch.manual_seed(0)
+    module = playground.build("gqa", D_MODEL, HEADS, num_kv_heads=2).eval()
+    state = decoded_in_place(module, batch=2, length=12)
+    assert isinstance(state, TokenCache)
+    assert state.nbytes == 2 * 2 * 2 * 12 * (D_MODEL // HEADS) * 4 + 2 * 12
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_a_step_reads_the_grouped_heads_in_place(groups):
+    """The H queries read the G cached heads as they are: no repeat_interleave (or
+    repeat_kv) of the cache, nor any other copy of it, which would allocate at least half
+    the state."""
+    torch.manual_seed(0)
+    module = playground.build("gqa", num_kv_heads=groups).eval()
+    largest, state_bytes = largest_allocation_of_a_step(module, 1024)
+    assert largest < state_bytes / 8

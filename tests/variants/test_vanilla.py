@@ -7,6 +7,8 @@ import torch
 from torch import nn
 
 import playground
+from playground.decoding import TokenCache
+from tests.variants.decoding import decoded_in_place, largest_allocation_of_a_step
 
 D_MODEL, HEADS = 64, 8
 
@@ -100,3 +102,22 @@ def test_flops_counts_projections_and_both_matmuls():
     cls = playground.get_variant("vanilla")
     n, d = 100, 64
     assert cls.flops(n, n, d, 8) == 2 * 4 * n * d * d + 4 * n * n * d
+
+
+# --- decoding: a key/value cache ----------------------------------------------------------
+def test_the_decoding_state_is_a_key_value_cache():
+    """A float32 key and value per token and head (2·B·H·L·d·4) and a real-token flag
+    (B·L), allocated once for max_length = L."""
+    torch.manual_seed(0)
+    module = playground.build("vanilla", D_MODEL, HEADS).eval()
+    state = decoded_in_place(module, batch=2, length=12)
+    assert isinstance(state, TokenCache)
+    assert state.nbytes == 2 * 2 * HEADS * 12 * (D_MODEL // HEADS) * 4 + 2 * 12
+
+
+def test_a_step_reads_the_cache_in_place():
+    """No op of a step copies the keys or values (a cache concatenated with the new token,
+    a contiguous copy of a view): each would allocate half the state."""
+    torch.manual_seed(0)
+    largest, state_bytes = largest_allocation_of_a_step(playground.build("vanilla").eval(), 1024)
+    assert largest < state_bytes / 8
