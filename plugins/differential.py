@@ -21,6 +21,11 @@ Diff-Transformer/multihead_diffattn.py) is not on PyPI: tests check these equati
 The reference forms both maps; the fast path runs both halves as 2H heads of one fused
 SDPA call (q and k zero-padded to the value's width, which the fused kernels need) and
 subtracts the two outputs (A₁V − λ A₂V = (A₁ − λA₂)V), in O(n) memory.
+
+Decoding keeps both halves of every key, K₁ and K₂, and the values (a key/value cache of
+d_model + d_model numbers per token, as exact attention's, allocated once when the length
+is known): a new token forms its two maps over the kept real keys, subtracts them with λ,
+mixes the kept values once, and normalises its heads as above.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from torch import nn
 
 import playground
 from playground import AttentionOutput, AttentionVariant, Capabilities, VariantConfig
+from playground.decoding import TokenCache
 from playground.heads import (
     add_projections,
     attention_flops,
@@ -104,6 +110,11 @@ class DifferentialAttention(AttentionVariant):
         q, k, v = project_heads(self, query, key, value)
         return q.unflatten(-1, (2, -1)), k.unflatten(-1, (2, -1)), v
 
+    @staticmethod
+    def _halves_as_heads(x: torch.Tensor) -> torch.Tensor:
+        """(B, H, N, 2, d) -> (B, 2H, N, d): half i of head h becomes head 2h + i."""
+        return x.movedim(3, 2).flatten(1, 2)
+
     def _heads_out(self, heads: torch.Tensor, query, empty) -> torch.Tensor:
         """(B, H, Nq, 2d) -> output: per-head RMSNorm (float32), × (1 − λ_init), W^O."""
         dtype = torch.float64 if heads.dtype == torch.float64 else torch.float32
@@ -134,8 +145,8 @@ class DifferentialAttention(AttentionVariant):
         # Both halves as 2H heads of one call: (B, H, 2, N, d) -> (B, 2H, N, d), each half
         # mixing the head's whole value (2d). Fused kernels need one head width for q, k
         # and v, so q and k are padded with d zeros: the scores do not change.
-        q2 = F.pad(q.movedim(3, 2).flatten(1, 2), (0, q.shape[-1]))
-        k2 = F.pad(k.movedim(3, 2).flatten(1, 2), (0, k.shape[-1]))
+        q2 = F.pad(self._halves_as_heads(q), (0, q.shape[-1]))
+        k2 = F.pad(self._halves_as_heads(k), (0, k.shape[-1]))
         v2 = v.repeat_interleave(2, dim=1)
         allowed = allowed_keys(attention_mask, q.shape[2], k.shape[2], is_causal, q.device)
         if allowed is None:
@@ -145,6 +156,27 @@ class DifferentialAttention(AttentionVariant):
         first, second = both.unflatten(1, (-1, 2)).unbind(2)  # A₁V, A₂V (B, H, Nq, 2d)
         heads = first - self.differential_lambda().to(q.dtype) * second
         return AttentionOutput(self._heads_out(heads, query, empty_query_rows(allowed)), None)
+
+    # --- decoding: both key halves and the values, cached ------------------------------
+    def prefill_state(self, prompt, attention_mask, max_length):
+        output = self(prompt, attention_mask=attention_mask, is_causal=True).output
+        _, k, v = self._halves(prompt, prompt, prompt)  # k (B, H, P, 2, d); v (B, H, P, 2d)
+        # K₁ and K₂ as 2H heads of d, (B, 2H, P, d): each half's keys contiguous.
+        cache = TokenCache.of_prompt(
+            prompt, attention_mask, max_length, keys=self._halves_as_heads(k), values=v
+        )
+        return output, cache
+
+    def step_state(self, token, state):
+        q, k, v = self._halves(token, token, token)  # q, k (B, H, 1, 2, d); v (B, H, 1, 2d)
+        state.append(keys=self._halves_as_heads(k), values=v)
+        kept = state.kept_entries()  # keys (B, 2H, L, d), values (B, H, L, 2d)
+        allowed = state.kept_real()[:, None, None, :]  # (B, 1, 1, L)
+        scores = self._halves_as_heads(q) @ kept["keys"].transpose(-2, -1) * self.scale
+        maps = masked_softmax(scores, allowed).unflatten(1, (-1, 2))  # (B, H, 2, 1, L)
+        weights = maps[:, :, 0] - self.differential_lambda().to(q.dtype) * maps[:, :, 1]
+        # The token sees itself, so it is never a query without keys.
+        return self._heads_out(weights @ kept["values"], token, None)  # eq. 1, then eqs. 4–5
 
 
 @playground.hookimpl

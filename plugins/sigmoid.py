@@ -16,6 +16,11 @@ PyPI: the tests check these equations.
 The reference forms the (Nq, Nk) weights. The fast path takes blocks of queries over the
 keys they may see; in training each block is recomputed in backward (activation
 checkpointing), so memory stays O(N · block) at any length.
+
+Decoding keeps every key and value (a key/value cache, allocated once when the length is
+known): no row-wide normalisation couples the keys, so a new token's weights are
+σ(q·k/√d + b) over the kept real keys, the same b, and its output is their sum with the
+kept values.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from torch.utils.checkpoint import checkpoint
 
 import playground
 from playground import AttentionOutput, AttentionVariant, Capabilities, VariantConfig
+from playground.decoding import TokenCache
 from playground.heads import (
     add_projections,
     attention_flops,
@@ -131,6 +137,22 @@ class SigmoidAttention(AttentionVariant):
                 contexts.append(attend(*arguments))
         empty = queries_without_keys(attention_mask, n_q, n_k, is_causal)
         return AttentionOutput(project_output(self, torch.cat(contexts, dim=2), empty), None)
+
+    # --- decoding: a key/value cache ---------------------------------------------------
+    def prefill_state(self, prompt, attention_mask, max_length):
+        output = self(prompt, attention_mask=attention_mask, is_causal=True).output
+        _, k, v = project_heads(self, prompt, prompt, prompt)  # (B, H, P, d)
+        cache = TokenCache.of_prompt(prompt, attention_mask, max_length, keys=k, values=v)
+        return output, cache
+
+    def step_state(self, token, state):
+        q, k, v = project_heads(self, token, token, token)  # (B, H, 1, d)
+        state.append(keys=k, values=v)
+        kept = state.kept_entries()
+        allowed = state.kept_real()[:, None, None, :]  # (B, 1, 1, L): padding weighs 0
+        weights = self._weights(q, kept["keys"], allowed)  # (B, H, 1, L)
+        # The token sees itself, so it is never a query without keys.
+        return project_output(self, weights @ kept["values"], None)
 
 
 @playground.hookimpl

@@ -42,6 +42,11 @@ dense anyway). Training: the table needs a gradient, which SDPA does not give a 
 each block runs on the core's `hankel_biased_attention` (the CPU flash kernel forward and a
 fused backward that sums the bias gradient along the Hankel view's anti-diagonals);
 nothing of size (block, Nk) outlives its block, so training memory is O(H · block · Nk).
+
+Decoding keeps every key and value (a key/value cache, allocated once when the length is
+known); the bias is not kept: a new token at position i looks up each kept key's bucket,
+bucket(j − i) with the causal buckets of T5's decoder, in the table, as HF's T5 does for
+its cache positions, and one fused SDPA call takes it as a float mask (−inf at padding).
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ from torch import nn
 
 import playground
 from playground import AttentionOutput, AttentionVariant, Capabilities, VariantConfig
+from playground.decoding import TokenCache
 from playground.heads import (
     add_projections,
     attention_flops,
@@ -255,6 +261,31 @@ class T5RelativeAttention(AttentionVariant):
         )  # (B, H, Nq, d_head)
         empty = queries_without_keys(attention_mask, n_q, n_k, is_causal)  # (B, Nq, 1) or None
         return AttentionOutput(project_output(self, context, empty), None)
+
+    # --- decoding: a key/value cache, and the bias of each kept key's distance -----------
+    def prefill_state(self, prompt, attention_mask, max_length):
+        output = self(prompt, attention_mask=attention_mask, is_causal=True).output
+        _, k, v = project_heads(self, prompt, prompt, prompt)  # (B, H, P, d_head)
+        cache = TokenCache.of_prompt(prompt, attention_mask, max_length, keys=k, values=v)
+        return output, cache
+
+    def step_state(self, token, state):
+        q, k, v = project_heads(self, token, token, token)  # (B, H, 1, d_head)
+        state.append(keys=k, values=v)
+        kept = state.kept_entries()
+        buckets = relative_position_bucket(
+            state.kept_positions() - state.length,  # (L,): j − i ≤ 0, i the new token
+            False,  # causal: T5's decoder buckets
+            self.config.num_buckets,
+            self.config.max_distance,
+        )
+        bias = rearrange(self.relative_attention_bias(buckets), "k h -> 1 h 1 k")  # (1, H, 1, L)
+        padding = ~state.kept_real()[:, None, None, :]  # (B, 1, 1, L)
+        bias = bias.to(q.dtype).masked_fill(padding, -math.inf)  # (B, H, 1, L)
+        context = F.scaled_dot_product_attention(
+            q, kept["keys"], kept["values"], attn_mask=bias, scale=self.scale
+        )  # (B, H, 1, d_head); the token sees itself, so never a query without keys
+        return project_output(self, context, None)
 
 
 @playground.hookimpl

@@ -10,6 +10,8 @@ import pytest
 import torch
 
 import playground
+from playground.decoding import TokenCache
+from tests.variants.decoding import decoded_in_place
 
 D_MODEL, HEADS = 32, 2
 HALF = D_MODEL // HEADS // 2
@@ -88,3 +90,14 @@ def test_weights_sum_to_one_minus_lambda_and_go_negative():
 def test_odd_head_width_is_refused():
     with pytest.raises(playground.ConfigError, match="must be even"):
         playground.build("differential", 12, 4)
+
+
+# --- decoding: both key halves and the values, cached -------------------------------------
+def test_the_decoding_state_is_both_key_halves_and_the_values():
+    """K₁, K₂ (d each) and V (2d) per token and head in float32, 2·B·L·d_model·4, and a
+    real-token flag (B·L), allocated once for max_length = L."""
+    torch.manual_seed(0)
+    module = playground.build("differential", D_MODEL, HEADS, layer_depth=2).eval()
+    state = decoded_in_place(module, batch=2, length=12)
+    assert isinstance(state, TokenCache)
+    assert state.nbytes == 2 * 2 * 12 * D_MODEL * 4 + 2 * 12

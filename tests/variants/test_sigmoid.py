@@ -10,7 +10,9 @@ import pytest
 import torch
 
 import playground
+from playground.decoding import TokenCache
 from playground.heads import project_heads
+from tests.variants.decoding import decoded_in_place
 
 D_MODEL, HEADS = 32, 4
 
@@ -76,3 +78,14 @@ def test_a_model_takes_its_bias_from_the_tasks_length():
     cls = playground.get_variant("sigmoid")
     assert cls.fit_options({}, 32) == {"bias_length": 32}
     assert cls.fit_options({"bias_length": 7}, 32) == {"bias_length": 7}
+
+
+# --- decoding: a key/value cache ----------------------------------------------------------
+def test_the_decoding_state_is_a_key_value_cache():
+    """A float32 key and value per token and head (2·B·H·L·d·4) and a real-token flag
+    (B·L), allocated once for max_length = L."""
+    torch.manual_seed(0)
+    module = playground.build("sigmoid", D_MODEL, HEADS, bias_length=9, block_size=5).eval()
+    state = decoded_in_place(module, batch=2, length=12)
+    assert isinstance(state, TokenCache)
+    assert state.nbytes == 2 * 2 * HEADS * 12 * (D_MODEL // HEADS) * 4 + 2 * 12

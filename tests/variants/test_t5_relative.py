@@ -10,7 +10,9 @@ import torch
 
 import playground
 from playground.contract import flops_exponent
+from playground.decoding import TokenCache
 from playground.testing import check_attention
+from tests.variants.decoding import decoded_in_place
 
 T5Relative = playground.get_variant("t5_relative")
 relative_position_bucket = inspect.getmodule(T5Relative).relative_position_bucket
@@ -261,3 +263,14 @@ def test_the_bias_table_starts_as_t5_initialises_it():
     torch.manual_seed(0)
     table = playground.build("t5_relative", 256, 8, num_buckets=32).relative_attention_bias
     assert table.weight.std().item() == pytest.approx(256**-0.5, rel=0.2)
+
+
+# --- decoding: a key/value cache; the bias looked up per step -----------------------------
+def test_the_decoding_state_is_a_key_value_cache():
+    """A float32 key and value per token and head (2·B·H·L·d·4) and a real-token flag
+    (B·L), allocated once for max_length = L; no bias is kept."""
+    torch.manual_seed(0)
+    module = playground.build("t5_relative", D_MODEL, HEADS, **T5Relative.suite_options).eval()
+    state = decoded_in_place(module, batch=2, length=12)
+    assert isinstance(state, TokenCache)
+    assert state.nbytes == 2 * 2 * HEADS * 12 * (D_MODEL // HEADS) * 4 + 2 * 12
