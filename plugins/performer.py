@@ -21,12 +21,38 @@ not cure (the attention-patterns figure, on its sharply local inputs, shows this
 W is drawn once, from `feature_seed`, and kept as the buffer `projection_matrix` (so two modules
 with the same seed agree, and parity tests can copy it). `redraw_features=True` draws a
 new W from torch's random generator at every training call, as the paper does between
-steps; eval always uses the kept one. Not causal: that needs prefix sums whose stabiliser
-sees the future here.
+steps; eval always uses the kept one.
 
 The reference forms the implied (Nq, Nk) weights D⁻¹ φ(Q) φ(K)ᵀ, returned for
 `need_weights` (non-negative rows summing to 1, but not softmax's); the fast path takes
 φ(K)ᵀ V first, O(N · m · d).
+
+Causal attention (is_causal=True; the paper's unidirectional case, by prefix sums).
+performer_pytorch's causal path keeps the key stabiliser above, a maximum over every key,
+so a later key changes earlier outputs (through ε, which that maximum scales). Here query
+i stabilises the keys it sees, j ≤ i, by their maximum M_i = max_{j≤i} s_j, with
+s_j = max_r (W k_j)_r each key's own peak: the non-causal rule applied to the sequence cut
+after i, so output i is the non-causal output of x_{≤i} at i (performer_pytorch's
+FastAttention on that prefix is the oracle), and every exponent stays ≤ 0. Key j, as
+query i sees it, is
+
+    φ_i(k_j) = e^(s_j − M_i) u_j + ε′,  u_j = m^(−1/2) exp(W k_j − ‖k_j‖²/2 − s_j),  ε′ = m^(−1/2) ε
+
+(both factors ≤ 1). A stabiliser of 0 for keys would also be causal and finite, since
+w·x − ‖x‖²/2 ≤ ‖w‖²/2, but it makes ε absolute instead of relative to the largest feature:
+for keys of large norm every feature then falls below ε and the weights turn uniform, a
+bias the non-causal path does not have. The reference forms the masked (Nq, Nk) matrix
+φ(Q) φ_i(K)ᵀ. The fast path takes chunks of queries over running sums of the keys before
+them, Σ φ(k_j) v_jᵀ and Σ φ(k_j) with φ at the running maximum M (`PerformerState`: when M
+grows to M′ the kept features become e^(M − M′) φ + ε′ (1 − e^(M − M′)), so Σ v_j and the
+count of keys are kept too), and the chunk's own keys dense: O(N · (C + m) · d) time.
+
+Decoding keeps those sums, one key at a time: kv = Σ φ(k_j) v_jᵀ (B, H, m, dv) and
+normaliser = Σ φ(k_j) (B, H, m) over the real keys so far, with their running maximum
+(B, H), Σ v_j and the count; O(m · d) per head, whatever the length. It is exact in eval
+mode, and in training without redrawn features. With `redraw_features=True` every training
+call draws its own W, so the steps of one decode could not share features: prefill and
+decode_step then refuse (UnsupportedFeature) and ask for eval mode.
 """
 
 from __future__ import annotations
@@ -38,9 +64,16 @@ from dataclasses import dataclass
 import torch
 
 import playground
-from playground import AttentionOutput, AttentionVariant, Capabilities, VariantConfig
+from playground import (
+    AttentionOutput,
+    AttentionVariant,
+    Capabilities,
+    UnsupportedFeature,
+    VariantConfig,
+)
+from playground.decoding import DecodingState, real_tokens
 from playground.heads import add_projections, project_heads, project_output, projection_flops
-from playground.masks import queries_without_keys
+from playground.masks import causal_mask, queries_without_keys
 
 EPSILON = 1e-4
 """Added to every feature after the stabilised exp (performer_pytorch's softmax_kernel)."""
@@ -56,10 +89,13 @@ class PerformerConfig(VariantConfig):
     """Seed of the projection kept for eval (and for training unless redrawn)."""
     bias: bool = True
     """Add a bias to the q/k/v/out projections."""
+    chunk_size: int = 64
+    """Queries per chunk of the causal fast path. Results do not depend on it."""
 
     def __post_init__(self) -> None:
         if self.nb_features < 0:
             raise ValueError(f"nb_features must be >= 0 (0 = d · ln d); got {self.nb_features}")
+        playground.require_positive(self, "chunk_size")
 
 
 def orthogonal_features(m: int, d: int, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -100,6 +136,58 @@ def favor_features(
     return features
 
 
+def causal_key_features(
+    k: torch.Tensor, projection: torch.Tensor, keep: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The parts of causal key features (module docstring) of k (B, H, N, d): u (B, H, N, m),
+    each key stabilised by its own peak, and the peaks s (B, H, N), detached as every
+    stabiliser is. Padded keys (`keep` (B, N) False) get u = 0 and s = −inf."""
+    scale = k.shape[-1] ** -0.25
+    logits = (scale * k) @ projection.T.to(k.dtype)  # W k (B, H, N, m)
+    square = (k * k).sum(dim=-1, keepdim=True) * scale**2 / 2  # ‖k‖² / 2
+    peak = logits.detach().amax(dim=-1, keepdim=True)  # s_j (B, H, N, 1)
+    u = torch.exp(logits - square - peak) * projection.shape[0] ** -0.5
+    peak = peak[..., 0]
+    if keep is not None:
+        u = u.masked_fill(~keep[:, None, :, None], 0.0)
+        peak = peak.masked_fill(~keep[:, None, :], -math.inf)
+    return u, peak
+
+
+def causal_kernel(
+    phi_q: torch.Tensor,
+    u: torch.Tensor,
+    peak: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    reach: torch.Tensor,
+) -> torch.Tensor:
+    """φ(Q) φ_i(K)ᵀ (B, H, Nq, Nk): query i against key j as it sees it, e^(s_j − M_i) u_j + ε′,
+    for the real keys j ≤ i, and 0 for the others; reach (B, H, Nq) holds M_i."""
+    allowed = causal_mask(phi_q.shape[2], u.shape[2], u.device)  # (Nq, Nk)
+    if attention_mask is not None:
+        allowed = allowed & attention_mask[:, None, None, :]  # (B, 1, Nq, Nk)
+    # e^(s_j − M_i) ≤ 1 for the keys query i sees; for the others the gap is clamped to 0
+    # (and M_i = −inf, no key yet, counted as 0) so that every factor is finite before the
+    # mask zeroes it. Padded keys have s_j = −inf: a factor of 0.
+    reach = reach.masked_fill(torch.isneginf(reach), 0.0)
+    growth = (peak[:, :, None, :] - reach[..., None]).clamp_(max=0.0).exp_()
+    epsilon = _epsilon(u) * phi_q.sum(dim=-1, keepdim=True)  # ε′ φ(q_i)·1 (B, H, Nq, 1)
+    return ((phi_q @ u.transpose(-2, -1)) * growth).add_(epsilon).mul_(allowed.to(u.dtype))
+
+
+def running_peak(peak: torch.Tensor, n_q: int) -> torch.Tensor:
+    """M_i (B, H, Nq): the largest peak s_j of the keys j ≤ i (the last key for queries past
+    it), −inf while there is none."""
+    visible = torch.arange(n_q, device=peak.device).clamp(max=peak.shape[2] - 1)
+    return peak.cummax(dim=-1).values[..., visible]
+
+
+def restabilised(older: torch.Tensor, newer: torch.Tensor) -> torch.Tensor:
+    """e^(older − newer) ≤ 1: what features stabilised by `older` are multiplied by when the
+    stabiliser grows to `newer`; 0 where `older` is −inf (no key was kept at it)."""
+    return torch.exp(older - newer).nan_to_num(nan=0.0)
+
+
 class PerformerAttention(AttentionVariant):
     name = "performer"
     summary = "Softmax kernel estimated by positive orthogonal random features (FAVOR+)."
@@ -107,12 +195,13 @@ class PerformerAttention(AttentionVariant):
     Config = PerformerConfig
     colour = "#7f7f7f"  # grey, in every figure
     capabilities = Capabilities(
+        causal=True,
         padding_mask=True,
         cross_attention=True,
         need_weights=True,
         dtypes=(torch.float32, torch.float64),
     )
-    suite_options = {"nb_features": 12}
+    suite_options = {"nb_features": 12, "chunk_size": 12}  # several chunks, a partial one
 
     @staticmethod
     def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: object) -> float:
@@ -136,22 +225,28 @@ class PerformerAttention(AttentionVariant):
                 self.capabilities, deterministic_in_training=False
             )
 
-    def _feature_maps(self, query, key, value, attention_mask):
+    def _projected(self, query, key, value):
+        """φ(q) (B, H, Nq, m), k and v (B, H, Nk, d), and this call's W (m, d): a new draw
+        in training with redraw_features, the kept one otherwise."""
         q, k, v = project_heads(self, query, key, value)
         projection = self.projection_matrix
         if self.training and self.config.redraw_features:
             projection = orthogonal_features(self.nb_features, self.head_dim).to(projection)
-        phi_q = favor_features(q, projection, is_query=True)
-        phi_k = favor_features(k, projection, is_query=False, keep=attention_mask)
-        return phi_q, phi_k, v
+        return favor_features(q, projection, is_query=True), k, v, projection
 
     def forward_reference(
         self, query, key, value, attention_mask, is_causal, need_weights
     ) -> AttentionOutput:
-        phi_q, phi_k, v = self._feature_maps(query, key, value, attention_mask)
-        kernel = phi_q @ phi_k.transpose(-2, -1)  # φ(Q) φ(K)ᵀ (B, H, Nq, Nk)
+        phi_q, k, v, projection = self._projected(query, key, value)
+        if is_causal:
+            u, peak = causal_key_features(k, projection, attention_mask)
+            reach = running_peak(peak, phi_q.shape[2])  # M_i (B, H, Nq)
+            kernel = causal_kernel(phi_q, u, peak, attention_mask, reach)  # (B, H, Nq, Nk)
+        else:
+            phi_k = favor_features(k, projection, is_query=False, keep=attention_mask)
+            kernel = phi_q @ phi_k.transpose(-2, -1)  # φ(Q) φ(K)ᵀ (B, H, Nq, Nk)
         weights = kernel / _nonzero(kernel.sum(dim=-1, keepdim=True))  # D⁻¹ φ(Q) φ(K)ᵀ
-        empty = queries_without_keys(attention_mask, phi_q.shape[2], phi_k.shape[2], False)
+        empty = queries_without_keys(attention_mask, phi_q.shape[2], k.shape[2], is_causal)
         output = project_output(self, weights @ v, empty)
         return AttentionOutput(output, weights if need_weights else None)
 
@@ -159,11 +254,139 @@ class PerformerAttention(AttentionVariant):
     def forward_fast(
         self, query, key, value, attention_mask, is_causal, need_weights
     ) -> AttentionOutput:
-        phi_q, phi_k, v = self._feature_maps(query, key, value, attention_mask)
-        context = phi_q @ (phi_k.transpose(-2, -1) @ v)  # φ(Q) (φ(K)ᵀ V)
-        normaliser = phi_q @ phi_k.sum(dim=2)[..., None]  # φ(Q) φ(K)ᵀ 1 (B, H, Nq, 1)
-        empty = queries_without_keys(attention_mask, phi_q.shape[2], phi_k.shape[2], False)
-        return AttentionOutput(project_output(self, context / _nonzero(normaliser), empty), None)
+        phi_q, k, v, projection = self._projected(query, key, value)
+        if is_causal:
+            u, peak = causal_key_features(k, projection, attention_mask)
+            context = self._causal(phi_q, u, peak, v, attention_mask)
+        else:
+            phi_k = favor_features(k, projection, is_query=False, keep=attention_mask)
+            numerator = phi_q @ (phi_k.transpose(-2, -1) @ v)  # φ(Q) (φ(K)ᵀ V)
+            normaliser = phi_q @ phi_k.sum(dim=2)[..., None]  # φ(Q) φ(K)ᵀ 1 (B, H, Nq, 1)
+            context = numerator / _nonzero(normaliser)
+        empty = queries_without_keys(attention_mask, phi_q.shape[2], k.shape[2], is_causal)
+        return AttentionOutput(project_output(self, context, empty), None)
+
+    def _causal(self, phi_q, u, peak, v, attention_mask) -> torch.Tensor:
+        """Chunks of queries over the running sums of the keys before them (a
+        `PerformerState`, as decoding keeps) -> context (B, H, Nq, dv); the chunk's own keys
+        dense."""
+        n_q, n_k, chunk = phi_q.shape[2], u.shape[2], self.config.chunk_size
+        real = real_tokens(u[:, 0], attention_mask)  # (B, Nk)
+        reach = running_peak(peak, n_q)  # M_i (B, H, Nq)
+        sums = PerformerState.empty(u, v)
+        contexts = []
+        for start in range(0, n_q, chunk):
+            stop = min(start + chunk, n_q)
+            q_chunk, chunk_reach = phi_q[:, :, start:stop], reach[:, :, start:stop]
+            numerator, denominator = sums.read(q_chunk, chunk_reach)  # the keys before
+            if start < n_k:  # this chunk's own keys, j <= i within it
+                keys = slice(start, min(stop, n_k))
+                u_chunk, peak_chunk, v_chunk = u[:, :, keys], peak[:, :, keys], v[:, :, keys]
+                within = causal_kernel(q_chunk, u_chunk, peak_chunk, real[:, keys], chunk_reach)
+                numerator = numerator + within @ v_chunk  # (B, H, C, dv)
+                denominator = denominator + within.sum(dim=-1, keepdim=True)  # (B, H, C, 1)
+                sums.add(u_chunk, peak_chunk, v_chunk, real[:, keys])
+            contexts.append(numerator / _nonzero(denominator))
+        return torch.cat(contexts, dim=2)
+
+    # --- decoding: the fast path's running sums, one key at a time -------------------------
+    def prefill_state(self, prompt, attention_mask, max_length):
+        self._refuse_redrawn_features()
+        output = self(prompt, attention_mask=attention_mask, is_causal=True).output
+        _, k, v = project_heads(self, prompt, prompt, prompt)  # (B, H, P, d)
+        u, peak = causal_key_features(k, self.projection_matrix, attention_mask)
+        state = PerformerState.empty(u, v)
+        if prompt.shape[1]:
+            state.add(u, peak, v, real_tokens(prompt, attention_mask))
+        return output, state
+
+    def step_state(self, token, state):
+        self._refuse_redrawn_features()
+        q, k, v = project_heads(self, token, token, token)  # (B, H, 1, d)
+        u, peak = causal_key_features(k, self.projection_matrix, None)
+        state.add(u, peak, v, real_tokens(token, None))
+        phi_q = favor_features(q, self.projection_matrix, is_query=True)  # (B, H, 1, m)
+        numerator, denominator = state.read(phi_q, state.running[..., None])
+        return project_output(self, numerator / denominator, None)
+
+    def _refuse_redrawn_features(self) -> None:
+        if self.training and self.config.redraw_features:
+            raise UnsupportedFeature(
+                self.name,
+                "decoding in training mode with redraw_features=True",
+                "every training call draws new features, so the steps of one decode would "
+                "not share them; decode in eval mode (`module.eval()`), which uses the kept "
+                "features, or build it with redraw_features=False",
+            )
+
+
+class PerformerState(DecodingState):
+    """kv = Σ φ(k_j) v_jᵀ (B, H, m, dv) and normaliser = Σ φ(k_j) (B, H, m) over the real keys
+    so far, their features at `running` (B, H), the largest peak among them (−inf before
+    the first); value_sum = Σ v_j (B, H, dv) and count (B,) int64 restabilise them when it
+    grows. A fixed size. The causal fast path keeps one per call, over chunks of keys."""
+
+    def __init__(
+        self,
+        kv: torch.Tensor,
+        normaliser: torch.Tensor,
+        value_sum: torch.Tensor,
+        count: torch.Tensor,
+        running: torch.Tensor,
+    ) -> None:
+        super().__init__()
+        self.kv = kv
+        self.normaliser = normaliser
+        self.value_sum = value_sum
+        self.count = count
+        self.running = running
+
+    @classmethod
+    def empty(cls, u: torch.Tensor, v: torch.Tensor) -> PerformerState:
+        """No key yet, for keys like u (B, H, ·, m) and values like v (B, H, ·, dv)."""
+        batch, heads, m, dv = *u.shape[:2], u.shape[3], v.shape[3]
+        return cls(
+            kv=v.new_zeros(batch, heads, m, dv),
+            normaliser=v.new_zeros(batch, heads, m),
+            value_sum=v.new_zeros(batch, heads, dv),
+            count=torch.zeros(batch, dtype=torch.long, device=v.device),
+            running=v.new_full((batch, heads), -math.inf),
+        )
+
+    def add(self, u: torch.Tensor, peak: torch.Tensor, v: torch.Tensor, real: torch.Tensor) -> None:
+        """Take n more keys (u (B, H, n, m), their peaks (B, H, n), v (B, H, n, dv), real
+        (B, n) bool): the kept features restabilised to the new running maximum M′,
+        e^(M − M′) φ + ε′ (1 − e^(M − M′)), then the new keys' features at M′ added."""
+        running = torch.maximum(self.running, peak.amax(dim=-1))  # M′ (B, H)
+        rescale = restabilised(self.running, running)[..., None]  # (B, H, 1)
+        epsilon = _epsilon(u) * (1 - rescale)  # (B, H, 1)
+        weight = real[:, None, :, None].to(v.dtype)  # (B, 1, n, 1)
+        features = u * restabilised(peak, running[..., None])[..., None] + _epsilon(u) * weight
+        self.kv = (
+            self.kv * rescale[..., None]
+            + epsilon[..., None] * self.value_sum[:, :, None]
+            + features.transpose(-2, -1) @ v
+        )
+        count = self.count.to(v.dtype)[:, None, None]  # (B, 1, 1)
+        self.normaliser = self.normaliser * rescale + epsilon * count + features.sum(dim=2)
+        self.value_sum = self.value_sum + (v * weight).sum(dim=2)
+        self.count = self.count + real.sum(dim=1)
+        self.running = running
+
+    def read(self, phi_q: torch.Tensor, reach: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """φ(q_i)ᵀ kv (B, H, n, dv) and φ(q_i)ᵀ normaliser (B, H, n, 1) for queries phi_q
+        (B, H, n, m) that stabilise keys by reach (B, H, n) >= `running`."""
+        rescale = restabilised(self.running[..., None], reach)[..., None]  # (B, H, n, 1)
+        epsilon = _epsilon(phi_q) * phi_q.sum(dim=-1, keepdim=True) * (1 - rescale)
+        count = self.count.to(phi_q.dtype)[:, None, None, None]  # (B, 1, 1, 1)
+        numerator = (phi_q @ self.kv) * rescale + epsilon * self.value_sum[:, :, None]
+        denominator = (phi_q @ self.normaliser[..., None]) * rescale + epsilon * count
+        return numerator, denominator
+
+
+def _epsilon(u: torch.Tensor) -> float:
+    """ε′ = m^(−1/2) ε of features u (…, m)."""
+    return EPSILON * u.shape[-1] ** -0.5
 
 
 def _nonzero(normaliser: torch.Tensor) -> torch.Tensor:
