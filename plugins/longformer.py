@@ -14,10 +14,13 @@ The exact rules are those of HF transformers' `LongformerSelfAttention`, so weig
 - a padded query attends to nothing: its weights and its output row (after out_proj) are 0,
   and a padded position is never global;
 - scores are scaled by 1/√d_head.
+The `global_tokens` option counts from each sequence's first real token, so that padding on
+the left moves them with the tokens (a sequence's [CLS] is its first token however padded).
 
 Causal mode (not in the paper) keeps every rule and removes the future: the window looks
 back only (i - w <= j <= i), a global query i sees the keys j <= i, and a global key j is seen
-only by queries i >= j.
+only by queries i >= j. A global position past the input then changes nothing in it, so
+`global_tokens` past the input are ignored under causal masking (refused without it).
 
 `impl="reference"` builds the full (N, N) mask of these rules and does a masked softmax:
 O(N²), the oracle. `impl="fast"` is banded, O(N·(w + G)) in time and memory: the local rows
@@ -27,6 +30,15 @@ into the G global queries when that is cheaper than projecting every token. Back
 banded kernel's own (fused, in place over the key buffer) and SDPA's for the global rows.
 SDPA cannot return probabilities, so `need_weights=True` runs the reference (the
 dense (B, H, N, N) weights are O(N²) anyway).
+
+Decoding follows the causal rules with a key/value cache (`LongformerState`): the local k
+and v of the last w + 1 positions in a rolling buffer, those of the global tokens kept for
+good (left out of the buffer, so a global key inside the window is counted once), and,
+while a position of `global_tokens` is still to come in some sequence, K_g and V_g of every
+token, which its global query reads (then dropped). The state stops growing past
+max(w + 1, the last global position + 1) tokens. A decoded token is global by
+`global_tokens` alone (the prefill's `global_attention_mask` covers the prompt), and then
+exactly: it reads K_g and V_g of every token before it.
 """
 
 from __future__ import annotations
@@ -41,6 +53,7 @@ from torch import nn
 
 import playground
 from playground import AttentionOutput, AttentionVariant, Capabilities, InvalidInput, VariantConfig
+from playground.decoding import DecodingState, TokenCache, cached_attention
 from playground.heads import merge_heads, project_output, split_heads
 from playground.kernels import BAND_BLOCK, banded_attention
 from playground.masks import masked_softmax
@@ -52,8 +65,10 @@ class LongformerConfig(VariantConfig):
     """Total window (even), as in Longformer and HF: query i sees the keys j with
     |i - j| <= attention_window / 2; causal: i - attention_window / 2 <= j <= i."""
     global_tokens: tuple[int, ...] = ()
-    """Positions with global attention in every sequence, e.g. (0,) for a [CLS] token;
-    OR-ed with the forward argument `global_attention_mask` (B, N) bool."""
+    """Positions with global attention in every sequence, counted from its first real token,
+    e.g. (0,) for a [CLS] token; OR-ed with the forward argument `global_attention_mask`
+    (B, N) bool. Under causal masking, positions past the input are ignored (only later
+    tokens would see them)."""
 
     def __post_init__(self) -> None:
         if self.attention_window < 2 or self.attention_window % 2:
@@ -160,7 +175,11 @@ class LongformerAttention(AttentionVariant):
         }
 
     def _token_roles(
-        self, x: torch.Tensor, attention_mask: torch.Tensor | None, global_attention_mask
+        self,
+        x: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        global_attention_mask,
+        is_causal: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """real (B, N) bool: not padding; is_global (B, N) bool: real tokens with global
         attention (config positions OR `global_attention_mask`)."""
@@ -168,15 +187,17 @@ class LongformerAttention(AttentionVariant):
         real = attention_mask
         if real is None:
             real = torch.ones(batch, n, dtype=torch.bool, device=x.device)
-        is_global = torch.zeros(batch, n, dtype=torch.bool, device=x.device)
-        positions = self.config.global_tokens
-        outside = sorted({p for p in positions if p >= n})
-        if outside:
+        outside = [p for p in self.config.global_tokens if p >= n]
+        if outside and not is_causal:
             raise InvalidInput(
                 f"global_tokens {outside} lie outside a sequence of length {n}; use positions "
                 f"below {n} or pass per-sequence positions as global_attention_mask"
             )
-        is_global[:, list(positions)] = True
+        index = first_real(real)[:, None] + self._global_offsets(x.device)  # (B, G)
+        rows = torch.arange(batch, device=x.device)[:, None].expand_as(index)
+        inside = index < n
+        is_global = torch.zeros(batch, n, dtype=torch.bool, device=x.device)
+        is_global[rows[inside], index[inside]] = True
         if global_attention_mask is not None:
             if (
                 not isinstance(global_attention_mask, torch.Tensor)
@@ -206,14 +227,11 @@ class LongformerAttention(AttentionVariant):
         need_weights,
         global_attention_mask=None,
     ) -> AttentionOutput:
-        real, is_global = self._token_roles(query, attention_mask, global_attention_mask)
+        real, is_global = self._token_roles(query, attention_mask, global_attention_mask, is_causal)
         n = query.shape[1]
-        q, k, v = (
-            split_heads(p(query), self.num_heads) for p in (self.q_proj, self.k_proj, self.v_proj)
-        )
-        q_global, k_global, v_global = (
-            split_heads(p(query), self.num_heads)
-            for p in (self.q_global_proj, self.k_global_proj, self.v_global_proj)
+        q, k, v = self._head_projections(query, self.q_proj, self.k_proj, self.v_proj)
+        q_global, k_global, v_global = self._head_projections(
+            query, self.q_global_proj, self.k_global_proj, self.v_global_proj
         )
         position = torch.arange(n, device=query.device)
         offset = position[:, None] - position[None, :]  # (N, N): query i - key j
@@ -246,7 +264,7 @@ class LongformerAttention(AttentionVariant):
         need_weights,
         global_attention_mask=None,
     ) -> AttentionOutput:
-        real, is_global = self._token_roles(query, attention_mask, global_attention_mask)
+        real, is_global = self._token_roles(query, attention_mask, global_attention_mask, is_causal)
         positions, used = global_slots(is_global)  # (B, G), (B, G)
         context = self._banded_attention(query, real, is_global, positions, used, is_causal)
         if positions.shape[1]:
@@ -322,6 +340,100 @@ class LongformerAttention(AttentionVariant):
         )  # P x̂: (B, 1, H·G, E + 1)
         rows = mixed.reshape(batch, heads, slots, width + 1) @ augmented(self.v_global_proj).mT
         return merge_heads(rows)  # (B, G, E)
+
+    # --- decoding: a rolling window of local keys, the global tokens' kept for good -------
+    def prefill_state(self, prompt, attention_mask, max_length, global_attention_mask=None):
+        output = self(
+            prompt,
+            attention_mask=attention_mask,
+            is_causal=True,
+            global_attention_mask=global_attention_mask,
+        ).output
+        real, is_global = self._token_roles(prompt, attention_mask, global_attention_mask, True)
+        k, v = self._head_projections(prompt, self.k_proj, self.v_proj)  # (B, H, P, d) each
+        window = self.config.attention_window // 2 + 1  # i - w <= j <= i
+        state = LongformerState(
+            TokenCache(window=window, max_length=max_length), TokenCache(), first_real(real)
+        )
+        state.local.append(real & ~is_global, k=k, v=v)
+        columns = is_global.any(dim=0)  # positions global in some sequence
+        state.global_keys.append(is_global[:, columns], k=k[:, :, columns], v=v[:, :, columns])
+        last_global = self._last_global_position(state)
+        if last_global >= prompt.shape[1]:  # a global query is still to come
+            state.global_projected = TokenCache(max_length=last_global + 1)
+            k_global, v_global = self._head_projections(
+                prompt, self.k_global_proj, self.v_global_proj
+            )
+            state.global_projected.append(real, k=k_global, v=v_global)
+        return output, state
+
+    def step_state(self, token, state):
+        position = state.length
+        offset = position - state.first_real  # (B,): the position in each sequence
+        is_global = torch.isin(offset, self._global_offsets(offset.device))[:, None]  # (B, 1)
+        q, k, v = self._head_projections(
+            token, self.q_proj, self.k_proj, self.v_proj
+        )  # (B, H, 1, d)
+        # A global token's local key and value are kept for good, and out of the window.
+        state.local.append(~is_global, k=k, v=v)
+        if is_global.any():
+            state.global_keys.append(is_global, k=k, v=v)
+        projected = state.global_projected
+        if projected is not None:
+            k_global, v_global = self._head_projections(
+                token, self.k_global_proj, self.v_global_proj
+            )
+            projected.append(k=k_global, v=v_global)
+        scale = 1 / math.sqrt(self.head_dim)
+        # Local: the global keys, then the window, with the local q, k and v.
+        caches = (state.global_keys, state.local)
+        kept = [cache.kept_entries() for cache in caches]
+        keys, values = (torch.cat([entries[name] for entries in kept], dim=2) for name in "kv")
+        allowed = torch.cat([cache.kept_real() for cache in caches], dim=1)[:, None, None, :]
+        context, empty = cached_attention(q, keys, values, allowed, scale)
+        if projected is not None and bool(is_global.any()):  # every token so far: Q_g, K_g, V_g
+            (q_global,) = self._head_projections(token, self.q_global_proj)
+            entries, allowed = projected.kept_entries(), projected.kept_real()[:, None, None, :]
+            rows, seen = cached_attention(q_global, entries["k"], entries["v"], allowed, scale)
+            context = torch.where(is_global[:, :, None, None], rows, context)  # (B, H, 1, d)
+            empty = torch.where(is_global[:, :, None], seen, empty)
+        if projected is not None and position >= self._last_global_position(state):
+            state.global_projected = None  # no global query is left to read K_g and V_g
+        return project_output(self, context, empty)
+
+    def _last_global_position(self, state: LongformerState) -> int:
+        """The last position at which some sequence has a global token; −1 for none."""
+        if not self.config.global_tokens:
+            return -1
+        return int(state.first_real.max()) + max(self.config.global_tokens)
+
+    def _global_offsets(self, device: torch.device) -> torch.Tensor:
+        """`global_tokens` (G,) int64: positions after each sequence's first real token."""
+        return torch.tensor(self.config.global_tokens, dtype=torch.long, device=device)
+
+    def _head_projections(self, x: torch.Tensor, *projections: nn.Linear) -> list[torch.Tensor]:
+        """x (B, N, E) through each projection, split into heads: (B, H, N, d) each."""
+        return [split_heads(projection(x), self.num_heads) for projection in projections]
+
+
+class LongformerState(DecodingState):
+    """The local k and v of the last w + 1 positions (`local`, a rolling buffer whose global
+    tokens are marked not real) and of every global token (`global_keys`), (B, H, slots, d)
+    each; K_g, V_g of every token (`global_projected`) while a global query is to come; and
+    where each sequence starts (`first_real` (B,) int64), which `global_tokens` count from."""
+
+    def __init__(self, local: TokenCache, global_keys: TokenCache, first_real: torch.Tensor):
+        super().__init__()
+        self.local = local
+        self.global_keys = global_keys
+        self.global_projected: TokenCache | None = None
+        self.first_real = first_real
+
+
+def first_real(real: torch.Tensor) -> torch.Tensor:
+    """(B,) int64: the position of each sequence's first real token in real (B, N) bool, N
+    for a sequence with none (its first token is still to come)."""
+    return (~real).long().cumprod(dim=1).sum(dim=1)  # the padding before it
 
 
 def folds_global_keys(num_global: int, num_heads: int, d_model: int) -> bool:

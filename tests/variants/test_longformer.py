@@ -11,6 +11,7 @@ import torch
 
 import playground
 from playground import ConfigError, InvalidInput
+from playground.testing.decoding import decoded
 
 D_MODEL, HEADS = 32, 4
 
@@ -242,3 +243,111 @@ def test_flops_clip_the_window_and_grow_linearly():
     n, options = 1 << 16, dict(global_tokens=(0,))
     growth = flops(2 * n, 2 * n, 512, 8, **options) / flops(n, n, 512, 8, **options)
     assert growth == pytest.approx(2, rel=1e-3)
+
+
+# --- decoding: a rolling window, the global tokens kept ----------------------------------
+TOLERANCES = {torch.float64: 1e-10, torch.float32: 1e-5}
+
+
+@pytest.mark.parametrize("dtype", TOLERANCES, ids=str)
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+@pytest.mark.parametrize(
+    "global_tokens", [(), (0,), (1, 9, 40)], ids=["no global", "global 0", "global 1, 9, 40"]
+)
+def test_decoding_equals_the_causal_forward(impl, dtype, global_tokens):
+    """Every decoded output equals the causal forward's, for prompts of 0, 1, half and past
+    the fast path's block (so decoded tokens are global at 0, 9 or 40 too), window 6
+    (w = 3)."""
+    module = build(attention_window=6, global_tokens=global_tokens, impl=impl).to(dtype)
+    n = 70  # past BAND_BLOCK (64), the last special size
+    x = tokens(2, n).to(dtype)
+    with torch.no_grad():
+        expected = module(x, is_causal=True).output
+    for prompt in (0, 1, 35, 66):
+        got, _ = decoded(module, x, prompt)
+        assert (got - expected).abs().max() < TOLERANCES[dtype], prompt
+
+
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+def test_a_padded_batch_with_global_prompt_tokens_decodes_exactly(impl):
+    """Left-padded prompts of lengths 12, 5 and 1, each with its own global tokens (one on
+    padding, which is not global), decoded past the window and the global positions, which
+    count from each sequence's first real token."""
+    module = build(attention_window=4, global_tokens=(2, 15), impl=impl)
+    n, prompt = 30, 12
+    x = tokens(3, n)
+    mask = torch.arange(n)[None, :] >= (prompt - torch.tensor([12, 5, 1]))[:, None]
+    is_global = torch.zeros(3, n, dtype=torch.bool)
+    is_global[0, 4], is_global[1, 8], is_global[2, 3] = True, True, True
+    with torch.no_grad():
+        expected = module(
+            x, attention_mask=mask, is_causal=True, global_attention_mask=is_global
+        ).output
+    got, state = decoded(
+        module, x, prompt, mask[:, :prompt], global_attention_mask=is_global[:, :prompt]
+    )
+    assert ((got - expected) * mask[..., None]).abs().max() < 1e-10
+    assert (got[~mask] == 0).all()  # padding outputs zero
+    # Global: 2, 4 and 15 in sequence 0 (from 0); 8, 9 and 22 in sequence 1 (from 7); 13
+    # and 26 in sequence 2 (from 11; 3 is padding).
+    assert state.global_keys.kept_real().sum(dim=1).tolist() == [3, 3, 2]
+
+
+def test_the_state_stops_growing_past_the_window():
+    """The same bytes after 1k tokens as after 4k; K_g and V_g of every token are kept only
+    until the last global position, then dropped."""
+    module = build(attention_window=64, global_tokens=(0, 300)).float()
+    x = tokens(2, 4096).float()
+    with torch.no_grad():
+        short = module.prefill(x[:, :1024])[1]
+        long = module.prefill(x)[1]
+        module.decode_step(x[:, :1], long)
+    assert short.nbytes == long.nbytes
+    assert short.local.slots == 33  # the last w + 1 positions
+    assert short.global_projected is None
+    sizes = [decoded(module, x[:, :n], 200)[1].nbytes for n in (300, 301)]
+    _, state = decoded(module, x[:, :400], 200)
+    assert sizes[0] > sizes[1] == state.nbytes  # K_g, V_g dropped after position 300
+    assert state.global_projected is None and state.global_keys.kept == 2
+
+
+def test_global_tokens_past_the_input_are_ignored_only_under_causal_masking():
+    """A causal forward is the prefix of a longer one, whose global position comes later;
+    without causality that position is refused (test_global_positions_must_fit_the_input)."""
+    module = build(attention_window=4, global_tokens=(1, 12))
+    x = tokens(2, 16)
+    with torch.no_grad():
+        longer = module(x, is_causal=True).output
+        prefix = module(x[:, :10], is_causal=True).output
+    assert (prefix - longer[:, :10]).abs().max() < 1e-12
+    with pytest.raises(InvalidInput, match=r"global_tokens \[12\]"):
+        module(x[:, :10])
+
+
+def test_a_global_attention_mask_past_the_prompt_is_refused():
+    """Decoded positions are global by global_tokens alone: the prefill's mask covers the
+    prompt."""
+    module = build(attention_window=4)
+    with pytest.raises(InvalidInput, match="global_attention_mask must be a bool tensor"):
+        module.prefill(tokens(1, 6), global_attention_mask=torch.ones(1, 9, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+def test_global_tokens_count_from_each_sequences_first_real_token(impl, causal):
+    """Left padding moves `global_tokens` with the tokens: each sequence of a left-padded
+    batch gets the outputs it gets alone (its [CLS] is its first token)."""
+    module = build(attention_window=4, global_tokens=(0, 3), impl=impl)
+    n, lengths = 9, [9, 6, 4]
+    x = tokens(3, n)
+    mask = torch.arange(n)[None, :] >= (n - torch.tensor(lengths))[:, None]
+    with torch.no_grad():
+        padded = module(x, attention_mask=mask, is_causal=causal).output
+        for b, length in enumerate(lengths):
+            alone = module(x[b : b + 1, n - length :], is_causal=causal).output
+            assert (padded[b, n - length :] - alone[0]).abs().max() < 1e-12, b
+        # The comparison can fail: counted from position 0 of the batch, sequence 1 (from 3)
+        # would have only its first token global, as with global_tokens=(0,) alone.
+        first_only = build(attention_window=4, global_tokens=(0,), impl=impl)
+        alone = first_only(x[1:2, 3:], is_causal=causal).output
+    assert (padded[1, 3:] - alone[0]).abs().max() > 1e-3
