@@ -82,9 +82,6 @@ class LinearAttention(AttentionVariant):
         super().__init__(d_model, num_heads, **options)
         add_projections(self, d_model, bias=self.config.bias)
 
-    def kv_cache_per_token(self) -> None:
-        return None  # a decoder keeps S and z, (d + 1) · d per head, whatever the length
-
     def _feature_maps(self, query, key, value, attention_mask):
         """φ(q) (B, H, Nq, d), φ(k) with padded keys zeroed, v (B, H, Nk, d)."""
         q, k, v = project_heads(self, query, key, value)

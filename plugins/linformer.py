@@ -38,6 +38,8 @@ What Linformer cannot do, so the variant declares it unsupported:
     weights  the contract's weights are probabilities over the Nk original keys; Linformer's
              are over the k projected slots, which are not keys, so there is nothing
              faithful to return.
+    decoding for the same reason as causal: a token decoded later would change the slots,
+             and so the outputs, of every token before it (`decoding=False`).
 
 Initialisation: E and F follow fairseq's Linformer (examples/linformer), which initialises
 its compression layer, nn.Linear(max_seq_len, k), with xavier_uniform and a gain of 1/√2:
@@ -122,6 +124,12 @@ class LinformerAttention(AttentionVariant):
         need_weights=False,  # probabilities are over k slots, not the Nk keys
         max_seq_len=LinformerConfig.seq_len,  # per instance: the seq_len option
         dtypes=(torch.float32, torch.float64, torch.bfloat16),
+        decoding=False,
+        decoding_hint=(
+            "every projected slot E·K mixes all seq_len positions, so each new token would "
+            "change the outputs of the tokens before it: Linformer has no causal form to "
+            "decode from. Generate with a causal variant (linear, performer, sliding_window)"
+        ),
     )
     suite_options = {"seq_len": 130, "k": 8}  # the suite's long length, 130, fits
 

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import playground
 from playground.heads import project_heads
+from playground.testing.decoding import decoded
 
 D_MODEL, HEADS = 32, 4
 EPS = 1e-6  # fast-transformers' LinearAttention / CausalLinearAttention eps
@@ -83,3 +84,64 @@ def test_weights_are_the_normalised_kernel_and_it_caches_a_fixed_state():
     weights = module(x, is_causal=True, need_weights=True).weights
     assert weights.min() >= 0 and (weights.sum(-1) - 1).abs().max() < 1e-5
     assert weights.triu(1).abs().max() == 0
+
+
+# --- decoding: the recurrent state of §3.4 -------------------------------------------------
+TOLERANCES = {torch.float64: 1e-10, torch.float32: 1e-5}
+
+
+@pytest.mark.parametrize("dtype", TOLERANCES, ids=str)
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+def test_decoding_equals_the_causal_forward(impl, dtype):
+    """Every decoded output equals the causal forward's, for prompts of 0, 1, a chunk and
+    a half, and past two chunks, and for a batch of left-padded prompts of different
+    lengths (padding only in the prompt)."""
+    torch.manual_seed(0)
+    module = playground.build("linear", D_MODEL, HEADS, impl=impl, chunk_size=4).to(dtype).eval()
+    x = torch.randn(3, 19, D_MODEL, dtype=dtype)
+    with torch.no_grad():
+        expected = module(x, is_causal=True).output
+    for prompt in (0, 1, 6, 9, 18):
+        got, state = decoded(module, x, prompt)
+        assert (got - expected).abs().max() < TOLERANCES[dtype], prompt
+    assert type(state).__name__ == "LinearState"
+    prompt, lengths = 10, torch.tensor([10, 4, 1])
+    mask = torch.arange(19)[None, :] >= (prompt - lengths)[:, None]  # left padding
+    with torch.no_grad():
+        expected = module(x, attention_mask=mask, is_causal=True).output
+    got, _ = decoded(module, x, prompt, mask[:, :prompt])
+    assert ((got - expected) * mask[..., None]).abs().max() < TOLERANCES[dtype]
+    assert (got[~mask] == 0).all()  # padding outputs zero
+
+
+def test_the_state_is_kv_and_the_normaliser_whatever_the_length():
+    """Exactly S = Σ φ(k) vᵀ (B, H, d, dv) and z = Σ φ(k) (B, H, d): as many bytes after 1k
+    tokens as after 4k, and after more decoding steps."""
+    torch.manual_seed(0)
+    module = playground.build("linear", D_MODEL, HEADS).eval()
+    x = torch.randn(2, 4096, D_MODEL)
+    with torch.no_grad():
+        short = module.prefill(x[:, :1024])[1]
+        long = module.prefill(x)[1]
+        module.decode_step(x[:, :1], long)
+    head_dim = D_MODEL // HEADS
+    assert short.kv.shape == (2, HEADS, head_dim, head_dim)
+    assert short.normaliser.shape == (2, HEADS, head_dim)
+    assert {id(t) for t in short.tensors()} == {id(short.kv), id(short.normaliser)}
+    assert short.nbytes == long.nbytes == 4 * (2 * HEADS * head_dim * (head_dim + 1))
+
+
+def test_padded_prompt_keys_add_nothing_to_the_state():
+    """A left-padded prompt gives the state of its real tokens alone, whatever the padding
+    holds."""
+    torch.manual_seed(0)
+    module = playground.build("linear", D_MODEL, HEADS).double().eval()
+    x = torch.randn(1, 6, D_MODEL, dtype=torch.float64)
+    padded = torch.cat([1e3 * torch.randn(1, 3, D_MODEL, dtype=torch.float64), x], dim=1)
+    mask = torch.arange(9)[None, :] >= 3
+    with torch.no_grad():
+        alone = module.prefill(x)[1]
+        with_padding = module.prefill(padded, attention_mask=mask)[1]
+    assert (alone.kv - with_padding.kv).abs().max() < 1e-12
+    assert (alone.normaliser - with_padding.normaliser).abs().max() < 1e-12
+    assert alone.normaliser.min() > 0  # the comparison can fail: the sums are not empty

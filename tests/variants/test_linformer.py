@@ -137,6 +137,16 @@ def test_causal_and_weights_are_refused():
         module(x, need_weights=True)
 
 
+def test_decoding_is_refused_with_the_reason():
+    """Declared decoding=False: prefill says why (the slots mix every position) and what
+    to use instead, before any work."""
+    with pytest.raises(UnsupportedFeature, match="decoding one token at a time") as refused:
+        build(seq_len=32, k=8).prefill(tokens(1, 4))
+    message = str(refused.value)
+    assert "mixes all seq_len positions" in message and "Generate with a causal variant" in message
+    assert not build().capabilities.decoding
+
+
 # --- padding -------------------------------------------------------------------------
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("sharing", SHARINGS)
