@@ -13,6 +13,7 @@ from torch import nn
 
 import playground
 from playground import AttentionOutput
+from playground.decoding import TokenCache
 from playground.heads import project_heads, project_output
 from playground.masks import empty_query_rows
 
@@ -428,8 +429,9 @@ SlidingWindow = playground.get_variant("sliding_window")
 
 
 class DropsOldestKeyEarly(Vanilla):
-    """Its cache evicts the oldest key one step before it should (a full cache has none
-    to evict): every decoded token after the first misses key 0."""
+    """Its step evicts the oldest kept key before attending, as a full rolling buffer
+    would, though exact attention's cache is never full: from the first step with a key
+    kept, every decoded token misses key 0."""
 
     name = "broken_drops_oldest_key"
 
@@ -471,6 +473,81 @@ class WindowBufferOneShort(SlidingWindow):
         return self.config.window - 1
 
 
+class CachesPaddingAsReal(Vanilla):
+    """Its cache forgets which prompt tokens were padding: decoded tokens attend to them."""
+
+    name = "broken_caches_padding"
+
+    def prefill_state(self, prompt, attention_mask, max_length):
+        output, state = super().prefill_state(prompt, attention_mask, max_length)
+        state.slot_real.fill_(True)
+        return output, state
+
+
+class PrefillSeesWholePrompt(Vanilla):
+    """Its prefill runs the prompt without the causal mask (as an encoder would): each
+    prompt token's output sees the tokens after it; the cache and the steps are right."""
+
+    name = "broken_prefill_sees_whole_prompt"
+
+    def prefill_state(self, prompt, attention_mask, max_length):
+        _, state = super().prefill_state(prompt, attention_mask, max_length)
+        output = self(prompt, attention_mask=attention_mask).output
+        return output, state
+
+
+class ScalesWithLength(Vanilla):
+    """Under is_causal, scales its output by 1 + N / 100, N the input's length (as a bias
+    −log N would, with N the whole input's length): output i depends on how many tokens
+    follow it, which no change of their values shows (check_causality passes), but
+    decoding does. It has no state of its own: the core's default decodes it."""
+
+    name = "broken_scales_with_length"
+    prefill_state = playground.AttentionVariant.prefill_state
+    step_state = playground.AttentionVariant.step_state
+
+    def forward_reference(self, query, key, value, attention_mask, is_causal, need_weights):
+        result = super().forward_reference(
+            query, key, value, attention_mask, is_causal, need_weights
+        )
+        return _scaled_with_length(result, query, is_causal)
+
+    def forward_fast(self, query, key, value, attention_mask, is_causal, need_weights):
+        result = super().forward_fast(query, key, value, attention_mask, is_causal, need_weights)
+        return _scaled_with_length(result, query, is_causal)
+
+
+def _scaled_with_length(result, query, is_causal):
+    scale = 1 + query.shape[1] / 100 if is_causal else 1.0
+    return AttentionOutput(result.output * scale, result.weights)
+
+
+class PositionsOfThePaddedBatch(Vanilla):
+    """Adds a sinusoid of each token's position in the padded batch to its query and key
+    (absolute positions counted without the mask). The core moves a right-padded prompt's
+    padding to the left, so such a sequence decodes at other positions than it runs alone
+    (the left-padded batch, compared with its own padded forward, is right). It has no
+    state of its own."""
+
+    name = "broken_positions_of_the_padded_batch"
+    prefill_state = playground.AttentionVariant.prefill_state
+    step_state = playground.AttentionVariant.step_state
+
+    def forward_reference(self, query, key, value, attention_mask, is_causal, need_weights):
+        query, key = _with_absolute_positions(query), _with_absolute_positions(key)
+        return super().forward_reference(query, key, value, attention_mask, is_causal, need_weights)
+
+    def forward_fast(self, query, key, value, attention_mask, is_causal, need_weights):
+        query, key = _with_absolute_positions(query), _with_absolute_positions(key)
+        return super().forward_fast(query, key, value, attention_mask, is_causal, need_weights)
+
+
+def _with_absolute_positions(x):
+    position = torch.arange(x.shape[1], dtype=x.dtype, device=x.device)[:, None]  # (N, 1)
+    feature = torch.arange(x.shape[2], dtype=x.dtype, device=x.device)  # (E,)
+    return x + torch.sin(position / (1 + feature))  # (B, N, E)
+
+
 class _Holder:
     def __init__(self, tensor):
         self.tensor = tensor
@@ -487,12 +564,45 @@ class HidesStateTensor(Vanilla):
         return output, state
 
 
-class CachesPaddingAsReal(Vanilla):
-    """Its cache forgets which prompt tokens were padding: decoded tokens attend to them."""
+class _KeysOnlyCache(TokenCache):
+    """Counts its keys, not its values (nor which slots are real)."""
 
-    name = "broken_caches_padding"
+    @property
+    def nbytes(self):
+        keys = self.entries["k"]
+        return keys.numel() * keys.element_size()
+
+
+class MisreportsStateSize(Vanilla):
+    """Its state's `nbytes` counts the keys and forgets the values."""
+
+    name = "broken_misreports_state_size"
 
     def prefill_state(self, prompt, attention_mask, max_length):
-        output, state = super().prefill_state(prompt, attention_mask, max_length)
-        state.slot_real.fill_(True)
+        output, cache = super().prefill_state(prompt, attention_mask, max_length)
+        state = _KeysOnlyCache(max_length=max_length)
+        state.append(cache.kept_real(), **cache.kept_entries())
+        return output, state
+
+
+NO_DECODING_HINT = "its outputs change when a later token arrives"
+
+
+class DeclaresNoDecoding(Vanilla):
+    """Not broken: causal, but declares it does not decode (and says why)."""
+
+    name = "declares_no_decoding"
+    capabilities = dataclasses.replace(
+        Vanilla.capabilities, decoding=False, decoding_hint=NO_DECODING_HINT
+    )
+
+
+class DecodesDespiteDeclaringNot(DeclaresNoDecoding):
+    """Declares decoding=False, but its prefill skips the core's refusal and decodes."""
+
+    name = "broken_decodes_despite_declaring_not"
+
+    def prefill(self, prompt, *, attention_mask=None, max_length=None):
+        output, state = self.prefill_state(prompt, attention_mask, max_length)
+        state.bind(self, prompt, max_length, prompt.shape[1])
         return output, state

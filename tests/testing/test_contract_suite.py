@@ -5,14 +5,18 @@ variants with the right check."""
 from __future__ import annotations
 
 import pytest
+import torch
 
-from playground.testing import CHECKS, check_attention, parametrize_with_checks
+import playground
+from playground.decoding import RecomputeState
+from playground.testing import CHECKS, check_attention, iter_cases, parametrize_with_checks
 from playground.testing.checks import (
     check_eval_mode_is_deterministic,
     check_gradients_reach_every_parameter,
     check_key_value_default_to_query,
     check_rejects_malformed_inputs,
 )
+from playground.testing.decoding import DECODING_CHECKS
 from tests import broken_variants
 
 SPECIFICITY_CHECKS = (
@@ -71,12 +75,6 @@ def test_contract(case):
         (broken_variants.UndeclaredTrainingNoise, "check_training_randomness_is_declared"),
         (broken_variants.FalselyRandom, "check_training_randomness_is_declared"),
         (broken_variants.NegativeWeightsDeclaredNonnegative, "check_weights_sum_to_one"),
-        (broken_variants.DropsOldestKeyEarly, "check_decoding_matches_forward"),
-        (broken_variants.RopeOffByOne, "check_decoding_matches_forward"),
-        (broken_variants.ForgetsNormaliser, "check_decoding_matches_forward"),
-        (broken_variants.WindowBufferOneShort, "check_decoding_matches_forward"),
-        (broken_variants.HidesStateTensor, "check_decoding_state_size"),
-        (broken_variants.CachesPaddingAsReal, "check_decoding_padded_prompts"),
     ],
     ids=lambda value: value if isinstance(value, str) else value.__name__,
 )
@@ -153,31 +151,60 @@ def test_softmax_attention_without_mods_passes_the_suite():
     assert report.ok, report.failures
 
 
-@pytest.mark.parametrize(
-    ("broken", "keeps"),
-    [
-        (broken_variants.DropsOldestKeyEarly, "check_decoding_state_size"),
-        (broken_variants.RopeOffByOne, "check_causality"),
-        (broken_variants.RopeOffByOne, "check_decoding_state_size"),
-        (broken_variants.ForgetsNormaliser, "check_fast_matches_reference"),
-        (broken_variants.WindowBufferOneShort, "check_padding_invariance"),
-        (broken_variants.HidesStateTensor, "check_decoding_matches_forward"),
-        (broken_variants.HidesStateTensor, "check_decoding_padded_prompts"),
-        (broken_variants.CachesPaddingAsReal, "check_decoding_matches_forward"),
-    ],
-    ids=lambda value: value if isinstance(value, str) else value.__name__,
-)
-def test_a_decoding_break_is_caught_by_the_decoding_checks_only(broken, keeps):
-    """Each decoding break leaves the forward (and the other decoding promise) intact, so
-    only the check made for it can catch it."""
-    check = next(check for check in CHECKS if check.__name__ == keeps)
-    report = check_attention(broken, checks=[check])
-    assert report.ok, report.failures
+DECODES_WRONG = {"check_decoding_matches_forward", "check_decoding_padded_prompts"}
+MISREPORTS_SIZE = {"check_decoding_state_size"}
+DECODING_BREAKS = {
+    broken_variants.DropsOldestKeyEarly: DECODES_WRONG,
+    broken_variants.RopeOffByOne: DECODES_WRONG,
+    broken_variants.ForgetsNormaliser: DECODES_WRONG,
+    broken_variants.WindowBufferOneShort: DECODES_WRONG,
+    broken_variants.PrefillSeesWholePrompt: DECODES_WRONG,
+    # Its prompts are all real unless padded: only the padded batch shows it.
+    broken_variants.CachesPaddingAsReal: {"check_decoding_padded_prompts"},
+    # No state of its own: the core's default decodes it, and shows the length leak.
+    broken_variants.ScalesWithLength: DECODES_WRONG,
+    # Right for the padded batch's positions: only the right-padded prompts show it.
+    broken_variants.PositionsOfThePaddedBatch: {"check_decoding_padded_prompts"},
+    broken_variants.HidesStateTensor: MISREPORTS_SIZE,
+    broken_variants.MisreportsStateSize: MISREPORTS_SIZE,
+    # Every decoding check first asks prefill to refuse what the variant declares.
+    broken_variants.DecodesDespiteDeclaringNot: {check.__name__ for check in DECODING_CHECKS},
+}
+"""Each decoding break and the checks that must fail it: exactly those."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("broken", list(DECODING_BREAKS), ids=lambda broken: broken.__name__)
+def test_a_decoding_break_fails_its_checks_and_passes_the_rest(broken):
+    """The whole suite runs on the fast path (the breaks are in the decoding hooks, which
+    both paths share): the checks made for the break fail it and every other check passes
+    it, so the break is in the decoding alone and the suite says where."""
+    results = [case.evaluate() for case in iter_cases([broken]) if case.impl == "fast"]
+    failed = {result.check for result in results if result.verdict == "failed"}
+    assert failed == DECODING_BREAKS[broken], [r for r in results if r.verdict == "failed"]
 
 
 def test_the_decoding_checks_skip_a_variant_that_refuses_to_decode():
-    from playground.testing.decoding import DECODING_CHECKS
-
     report = check_attention("linformer", checks=list(DECODING_CHECKS))
     assert {r.verdict for r in report.results} == {"skipped"}
-    assert all("prefill refuses it" in r.reason for r in report.results)
+    assert all(
+        r.reason.startswith("causal not declared") and r.reason.endswith("prefill refuses it")
+        for r in report.results
+    )
+    report = check_attention(broken_variants.DeclaresNoDecoding, checks=list(DECODING_CHECKS))
+    assert {r.verdict for r in report.results} == {"skipped"}
+    assert all(broken_variants.NO_DECODING_HINT in r.reason for r in report.results)
+
+
+def test_a_variant_without_a_state_of_its_own_is_checked_through_the_default():
+    """The core's default (re-running the causal forward) passes, and it is what ran."""
+
+    class Recomputed(broken_variants.Vanilla):
+        name = "recomputed"
+        prefill_state = playground.AttentionVariant.prefill_state
+        step_state = playground.AttentionVariant.step_state
+
+    report = check_attention(Recomputed, checks=list(DECODING_CHECKS))
+    assert {r.verdict for r in report.results} == {"passed"}, report.results
+    state = Recomputed(32, 4).prefill(torch.randn(1, 3, 32))[1]
+    assert isinstance(state, RecomputeState)
