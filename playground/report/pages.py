@@ -35,6 +35,7 @@ from playground.report.tables import (
     exponent_entries,
     language_entries,
     summary_entries,
+    summary_title,
 )
 from playground.run.stats import accuracy_bounds, format_interval
 
@@ -245,9 +246,7 @@ def _sections(run: RunData) -> list[tuple[str, Table]]:
     sections = []
     if run.measurements:
         lines = summarize(run.measurements, run.spec.get("baseline"), ceilings_from_env(run.env))
-        sections.append(
-            ("Summary (median time; peak memory above the inputs)", summary_table(lines))
-        )
+        sections.append((summary_title(lines), summary_table(lines)))
         sections.append(("Scaling: fitted exponent of time and memory vs n", exponent_table(lines)))
     if run.accuracy:
         sections.append(("Accuracy (mean [95% interval over seeds])", accuracy_table(run.accuracy)))

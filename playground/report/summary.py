@@ -10,7 +10,9 @@ How sure each number is, is said beside it:
 - `flags` per line (measure.cost_flags): derived again from the row's own fields, so rows
   written before flags existed get them too;
 - efficiency against the run's best GEMM ceiling (env.json `gemm_flops_per_s`, the faster
-  of the start's and the end's) for the rows measured on the runner's node and threads;
+  of the start's and the end's) for the rows measured on the runner's node and threads,
+  and a decode step's bandwidth efficiency likewise against its best memory bandwidth
+  (`memory_bandwidth_bytes_per_s`);
 - exponents with their standard error from three or more lengths, marked as a two-point
   slope from two, and as uncertain when the error is large or a time shrinks with n;
 - `baseline_missing` on every line, and a note, when the spec names a baseline that was
@@ -141,16 +143,24 @@ def row_flags(row: dict[str, Any], efficiency: float | None) -> list[str]:
     return ordered + sorted(found - set(FLAGS))
 
 
-Ceilings = dict[tuple[Any, Any], float]
-"""(node, threads) -> the best GEMM FLOP/s measured there (env.json's, for the runner)."""
+Ceilings = dict[tuple[Any, Any, str], float]
+"""(node, threads, rate) -> the best rate measured there (env.json's, for the runner):
+rate "gemm_flops_per_s" (the GEMM ceiling) or "bandwidth_bytes_per_s" (decode steps')."""
+RATES = {
+    "gemm_flops_per_s": ("efficiency", "gemm_flops_per_s"),
+    "bandwidth_bytes_per_s": ("bandwidth_efficiency", "memory_bandwidth_bytes_per_s"),
+}
+"""A row's rate -> (the efficiency measured against it, env.json's best of it)."""
 
 
-def best_efficiency(row: dict[str, Any], ceilings: Ceilings | None) -> float | None:
-    """The row's efficiency against the best ceiling known for its node and threads; the
-    row's own when none is better (or known)."""
-    efficiency = row.get("efficiency")
-    own = row.get("gemm_flops_per_s")
-    best = (ceilings or {}).get((row.get("node"), row.get("threads")))
+def best_efficiency(
+    row: dict[str, Any], ceilings: Ceilings | None, rate: str = "gemm_flops_per_s"
+) -> float | None:
+    """The row's efficiency against `rate` (RATES), restated against the best rate known
+    for its node and threads; the row's own when none is better (or known)."""
+    efficiency = row.get(RATES[rate][0])
+    own = row.get(rate)
+    best = (ceilings or {}).get((row.get("node"), row.get("threads"), rate))
     if efficiency is None or not own or not best or best <= own:
         return efficiency
     return efficiency * own / best
@@ -168,10 +178,12 @@ def run_ceilings(store: RunStore) -> Ceilings:
 
 def ceilings_from_env(env: dict[str, Any]) -> Ceilings:
     """run_ceilings of an env.json already read (the report's `RunData.env`)."""
-    best = env.get("gemm_flops_per_s")
-    if not isinstance(best, (int, float)) or isinstance(best, bool) or best <= 0:
-        return {}
-    return {(env.get("node"), env.get("threads")): float(best)}
+    ceilings: Ceilings = {}
+    for rate, (_, env_key) in RATES.items():
+        best = env.get(env_key)
+        if isinstance(best, (int, float)) and not isinstance(best, bool) and best > 0:
+            ceilings[(env.get("node"), env.get("threads"), rate)] = float(best)
+    return ceilings
 
 
 def spec_baseline(store: RunStore) -> str | None:
@@ -228,6 +240,7 @@ def summarize(
             reference = baseline.get((pass_name, row["seq_len"]))
             memory = row.get("peak_memory_bytes")
             efficiency = best_efficiency(row, ceilings)
+            bandwidth_efficiency = best_efficiency(row, ceilings, "bandwidth_bytes_per_s")
             runs = row.get("timed_runs")
             # A row timed fewer times than a spread needs (rows from before the minimum)
             # recorded an IQR of 0: that is no spread, not an exact time.
@@ -259,7 +272,7 @@ def summarize(
                     timed_runs=runs,
                     load_average=row.get("load_average"),
                     flags="; ".join(
-                        row_flags(row, efficiency)
+                        row_flags(row, bandwidth_efficiency if efficiency is None else efficiency)
                         + ([FLAG_PASS_ORDER] if (label, row["seq_len"]) in inverted else [])
                     )
                     if row["status"] == OK
@@ -271,7 +284,7 @@ def summarize(
                     state_mib=None
                     if row.get("state_bytes") is None
                     else row["state_bytes"] / 2**20,
-                    bandwidth_efficiency=row.get("bandwidth_efficiency"),
+                    bandwidth_efficiency=bandwidth_efficiency,
                 )
             )
     return lines

@@ -6,6 +6,7 @@ text of each table entry, shared with report.html and report.md (`report.pages`)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rich import box
@@ -182,6 +183,18 @@ SUMMARY_COLUMNS = (
     "status",
 )
 EXPONENT_COLUMNS = ("variant", "pass", "time exponent", "memory exponent")
+SUMMARY_TITLE = "Summary (median time; peak memory above the inputs)"
+
+
+def summary_title(lines: Sequence[Line]) -> str:
+    """SUMMARY_TITLE, with what a decode line's numbers are when there is one."""
+    if not any(line.pass_name == "decode" for line in lines):
+        return SUMMARY_TITLE
+    return (
+        SUMMARY_TITLE[:-1] + "; a decode step: time per generated token at context n, its "
+        "state per sequence, and BW eff. = the time to read that state once at the measured "
+        "memory bandwidth over the step's)"
+    )
 
 
 def summary_entries(line: Line) -> list[str]:
@@ -196,7 +209,7 @@ def summary_entries(line: Line) -> list[str]:
             line.time_iqr_ms, ".1f" if line.time_iqr_ms is None or line.time_iqr_ms >= 10 else ".2g"
         ),
         _format(line.peak_memory_mib, ".1f"),
-        _format(line.state_mib, ".2f"),
+        _format(line.state_mib, ".3g"),
         _format(line.efficiency, ".2f"),
         _format(line.bandwidth_efficiency, ".2f"),
         "no baseline run"
@@ -266,7 +279,9 @@ def print_summary(lines: list[Line], console: Console) -> None:
     then a table per pass; then the fitted exponents. Fits a 100-column terminal."""
     if not lines:
         return
-    console.print("[bold]Summary[/bold] (median time; peak memory above the inputs)")
+    console.print(
+        escape(summary_title(lines)).replace("Summary", "[bold]Summary[/bold]", 1), soft_wrap=True
+    )
     header = [column for column in SUMMARY_COLUMNS if column not in ("variant", "pass")]
     groups: dict[str, dict[str, list[list[str]]]] = {}
     for line in lines:

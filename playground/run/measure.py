@@ -302,6 +302,8 @@ FLAG_EFFICIENCY_ABOVE_1 = "efficiency > 1"
 FLAG_FLOPS_NOT_FINITE = "flops() not finite"
 FLAG_BUSY = "busy machine"
 FLAG_PASS_ORDER = "forward slower than fwd+bwd"
+FLAG_RECOMPUTED = "decodes by recompute"
+FLAG_WEIGHTS_DOMINATE = "weights > state"
 FLAG_MEANINGS = {
     FLAG_FEW_RUNS: f"fewer than {MIN_SPREAD_RUNS} timed runs, so no spread (IQR shown as -)",
     FLAG_LARGE_SPREAD: f"the IQR is above {LARGE_SPREAD:.0%} of the median time",
@@ -312,11 +314,19 @@ FLAG_MEANINGS = {
     FLAG_BUSY: "the 1-minute load average was above the core count: other work competed",
     FLAG_PASS_ORDER: "the forward alone took longer than forward+backward at the same n: "
     "at least one of the two times is off (measure again on a quiet machine)",
+    FLAG_RECOMPUTED: "the variant decodes by the default that re-runs the causal forward over "
+    "every token at each step: its state is the inputs, not a cache, so its bandwidth "
+    "efficiency compares a whole forward with reading them once",
+    FLAG_WEIGHTS_DOMINATE: "the layer's weights, which every decode step also reads, hold more "
+    "bytes than its decoding state: reading the state is not this step's floor, so its "
+    "bandwidth efficiency is low by construction",
 }
 """Every flag a cost row may carry, with what it means. Short fixed phrases, so that rows
 and tables compare them and a table column stays narrow; the meanings are printed as a
 legend under the tables that show a flag."""
 FLAGS = tuple(FLAG_MEANINGS)
+LIMIT_FLAGS = (FLAG_RECOMPUTED, FLAG_WEIGHTS_DOMINATE)
+"""Flags that doubt only a decode row's bandwidth efficiency, not its time or its bytes."""
 
 
 def cost_flags(

@@ -140,6 +140,7 @@ class Measurer:
         gemm_flops: float | None,
         progress: Progress | None = None,
         node: str | None = None,
+        bandwidth: float | None = None,
     ) -> None:
         self.spec = spec
         self.registry = registry
@@ -148,8 +149,9 @@ class Measurer:
         self.progress = progress
         """Where accuracy cells add their training bars (the runner's own)."""
         self.node = node or platform.node()
-        self.bandwidth: float | None = None
-        """Memory bandwidth (bytes/s) of this process, measured by its first decode cell."""
+        self.bandwidth = bandwidth
+        """Memory bandwidth (bytes/s) that decode cells are compared with: the runner's
+        (env.json), else measured here by the first decode cell, on this node's threads."""
         self.keep_weights: Callable[[str, int, dict[str, torch.Tensor]], str] | None = None
         """(cell id, seed, state dict) -> where it was kept: the run's store, set by the
         runner when the spec keeps weights (None: weights are not kept)."""
@@ -292,7 +294,8 @@ class Measurer:
         ).to(spec.device, spec.torch_dtype)
         if cell.pass_name == DECODE:
             if self.bandwidth is None:  # once per process, on the run's threads
-                self.bandwidth = memory_bandwidth(spec.device, spec.torch_dtype, self.threads)
+                measured = memory_bandwidth(spec.device, spec.torch_dtype, self.threads)
+                self.bandwidth = measured.bytes_per_s
             return measure_decode(
                 module,
                 cell.seq_len,

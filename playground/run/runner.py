@@ -10,7 +10,9 @@ directory: the runner holds its lock (`RunStore.lock`) from `start()` to the end
 
 The GEMM ceiling is measured at the start of a run and again at its end; env.json keeps
 both (`gemm_measurements`) and the faster as `gemm_flops_per_s` (`gemm_best_of` says
-which), and the summary states efficiency against that best.
+which), and the summary states efficiency against that best. A run with decode cells does
+the same for the memory bandwidth its decoding steps are compared with
+(`bandwidth_measurements`, `memory_bandwidth_bytes_per_s`, `bandwidth_best_of`).
 """
 
 from __future__ import annotations
@@ -25,18 +27,27 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from playground.registry import Registry
 from playground.run.cells import Cell, plan, with_stage_rows
 from playground.run.context import Executor, RunContext
+from playground.run.decode import memory_bandwidth
 from playground.run.environment import environment
 from playground.run.executors import executor_for
 from playground.run.language import corpus_conflict
 from playground.run.measure import cpu_count, gemm_flops_per_second, load_average, resolve_threads
 from playground.run.measurer import Measurer, check_device
-from playground.run.spec import Spec
+from playground.run.spec import DECODE, Spec
 from playground.run.store import ENV, OVERRIDES, SPEC, RunLock, RunStore
 
 GEMM_AGAIN_AFTER_S = 30.0
 """A run whose cells took at least this long measures the GEMM ceiling again at its end:
 the machine's load may have changed since the start. A shorter run is one moment, and a
 second GEMM would only lengthen it."""
+
+
+MEASURED_RATES = {
+    "gemm": ("gemm_flops_per_s", "flops_per_s"),
+    "bandwidth": ("memory_bandwidth_bytes_per_s", "bytes_per_s"),
+}
+"""What the runner measures of the machine: env.json's key for the fastest measurement,
+and the rate's key in each measurement."""
 
 
 class Runner:
@@ -119,8 +130,19 @@ class Runner:
                 f"({self.threads} threads)…"
             )
             self.record_gemm(env, "start")
+        if self.decodes and not env.get("memory_bandwidth_bytes_per_s"):
+            self.console.print(
+                f"measuring memory bandwidth on {self.spec.device} ({self.threads} threads)…"
+            )
+            self.record_bandwidth(env, "start")
         self.gemm_flops = env["gemm_flops_per_s"]
-        self.measurer = Measurer(self.spec, self.registry, self.threads, self.gemm_flops)
+        self.measurer = Measurer(
+            self.spec,
+            self.registry,
+            self.threads,
+            self.gemm_flops,
+            bandwidth=env.get("memory_bandwidth_bytes_per_s"),
+        )
         if self.spec.save_weights:
             self.measurer.keep_weights = self.store.save_weights
 
@@ -133,12 +155,40 @@ class Runner:
         measured = list(env.get("gemm_measurements") or [])
         if not measured and env.get("gemm_flops_per_s"):  # a run from before this list
             measured.append({"at": "start", "flops_per_s": env["gemm_flops_per_s"]})
-        measured.append({"at": when, "flops_per_s": flops, "load_average": load_average()})
-        best = max(measured, key=lambda entry: entry["flops_per_s"])
+        self._keep_fastest(env, "gemm", measured, {"at": when, "flops_per_s": flops})
+
+    @property
+    def decodes(self) -> bool:
+        """Whether the run times decoding steps (and so needs the memory bandwidth)."""
+        return DECODE in self.spec.passes and "speed" in self.spec.measures
+
+    def record_bandwidth(self, env: dict[str, Any], when: str) -> None:
+        """Measure the memory bandwidth now and write it to env.json beside the earlier ones
+        (`bandwidth_measurements`, each with the bytes it read), keeping the fastest as
+        `memory_bandwidth_bytes_per_s` (`bandwidth_best_of` says which), as for the GEMM."""
+        bandwidth = memory_bandwidth(self.spec.device, self.spec.torch_dtype, self.threads)
+        measured = list(env.get("bandwidth_measurements") or [])
+        entry = {
+            "at": when,
+            "bytes_per_s": bandwidth.bytes_per_s,
+            "buffer_bytes": bandwidth.buffer_bytes,
+        }
+        self._keep_fastest(env, "bandwidth", measured, entry)
+
+    def _keep_fastest(
+        self, env: dict[str, Any], kind: str, measured: list[dict[str, Any]], entry: dict
+    ) -> None:
+        """Append `entry` (with the load now) to `{kind}_measurements`, and set the fastest
+        rate and when it was taken (`{kind}_best_of`); write env.json."""
+        headline, rate = MEASURED_RATES[kind]
+        measured.append({**entry, "load_average": load_average()})
+        best = max(measured, key=lambda measurement: measurement[rate])
         env.update(
-            gemm_measurements=measured,
-            gemm_flops_per_s=best["flops_per_s"],
-            gemm_best_of=best["at"],
+            {
+                f"{kind}_measurements": measured,
+                headline: best[rate],
+                f"{kind}_best_of": best["at"],
+            }
         )
         self.store.write_json(ENV, env)
 
@@ -188,6 +238,9 @@ class Runner:
                     # executor's rows are against their own nodes' ceilings.)
                     self.describe("measuring the GEMM ceiling again")
                     self.record_gemm(self.store.read_json(ENV), "end")
+                    if self.decodes:
+                        self.describe("measuring the memory bandwidth again")
+                        self.record_bandwidth(self.store.read_json(ENV), "end")
             except KeyboardInterrupt:
                 return finished, False
             finally:

@@ -11,7 +11,9 @@ file and the key and says what would be valid.
     num_heads = 8
     dtype = "float32"                    # float32 | float64 | bfloat16 | float16
     device = "cpu"                       # cpu | cuda
-    passes = ["forward", "forward_backward"]
+    passes = ["forward", "forward_backward"]  # and "decode": one generated token at each
+                                         # length as its context (run/decode.py; needs
+                                         # "speed", and lengths of MIN_DECODE_CONTEXT on)
     measures = ["speed", "memory", "fidelity"]
     seed = 0
     threads = 2                          # torch threads to measure with (default: torch's own)

@@ -17,6 +17,7 @@ from typing import Any
 from playground.config import build_config, field_types
 from playground.errors import ConfigError, PlaygroundError
 from playground.registry import Registry, bundled_dir
+from playground.run.decode import DECODE_RESERVE, MIN_DECODE_CONTEXT
 from playground.run.spec import (
     DECODE,
     DTYPES,
@@ -253,6 +254,14 @@ def _check_settings(data: dict[str, Any], problems: Problems) -> dict[str, Any]:
     passes, measures = typed.get("passes", Spec.passes), typed.get("measures", Spec.measures)
     if DECODE in passes and "speed" not in measures:
         problems.key("passes", "'decode' times decoding steps: add 'speed' to measures")
+    short = [n for n in typed.get("seq_lens", Spec.seq_lens) if n < MIN_DECODE_CONTEXT]
+    if DECODE in passes and short:
+        problems.key(
+            "seq_lens",
+            f"{short} too short to decode at: a decode cell times its steps within the "
+            f"{DECODE_RESERVE} tokens below the context length, and needs "
+            f"{MIN_DECODE_CONTEXT} at the least; give longer lengths, or drop 'decode'",
+        )
     if set(passes) == {DECODE} and {"memory", "fidelity"} & set(measures):
         problems.key(
             "measures",
@@ -381,6 +390,12 @@ def apply_overrides(spec: Spec, registry: Registry, overrides: dict[str, Any]) -
         repeated = _repeated(overrides["seq_lens"])
         if repeated:
             raise SpecError(f"--seq-lens names {repeated} more than once; give each length once")
+        short = [n for n in overrides["seq_lens"] if n < MIN_DECODE_CONTEXT]
+        if DECODE in spec.passes and short:
+            raise SpecError(
+                f"--seq-lens: {short} too short for the spec's 'decode' pass, which needs "
+                f"{MIN_DECODE_CONTEXT} tokens at the least; give longer lengths"
+            )
         changes["seq_lens"] = tuple(overrides["seq_lens"])
     if overrides.get("variants"):
         repeated = _repeated(overrides["variants"])

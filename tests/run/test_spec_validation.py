@@ -171,3 +171,24 @@ def test_an_inherited_width_that_does_not_divide_names_where_it_came_from(spec_f
         SpecError, match=r"tasks\[0\]\.d_model: 64 .* \(the spec's top-level num_heads\)"
     ):
         load_spec(spec_file(body), registry)
+
+
+# --- the decode pass ------------------------------------------------------------------
+def test_decode_refuses_a_context_too_short_to_time_steps_in(spec_file, registry):
+    decoding = TINY.replace('passes = ["forward"]', 'passes = ["forward", "decode"]')
+    with pytest.raises(SpecError, match=r"key 'seq_lens': \[16\] too short to decode at"):
+        load_spec(spec_file(decoding), registry)
+    spec = load_spec(spec_file(decoding.replace("seq_lens = [16]", "seq_lens = [64]")), registry)
+    assert spec.passes == ("forward", "decode")
+    with pytest.raises(SpecError, match=r"--seq-lens: \[8\] too short for the spec's 'decode'"):
+        apply_overrides(spec, registry, {"seq_lens": [8, 64]})
+    forward_only = load_spec(spec_file(TINY), registry)
+    assert apply_overrides(forward_only, registry, {"seq_lens": [8]}).seq_lens == (8,)
+
+
+def test_decode_without_speed_says_what_to_add(spec_file, registry):
+    accuracy_only = TINY.replace('passes = ["forward"]', 'passes = ["decode"]').replace(
+        'measures = ["speed"]', 'measures = ["accuracy"]\nseq_lens = [64]'
+    )
+    with pytest.raises(SpecError, match="'decode' times decoding steps: add 'speed'"):
+        load_spec(spec_file(accuracy_only.replace("seq_lens = [16]\n", "")), registry)

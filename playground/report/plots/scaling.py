@@ -1,6 +1,8 @@
 """Cost against sequence length: time, peak memory and efficiency vs n, one panel per
-pass, one line per setup, fitted exponents in the legend; for the decode pass, the time of
-one step and the decoding state's bytes against the context length."""
+pass, one line per setup, fitted exponents in the legend. The decode pass has figures of
+its own: the time of one generated token against the context length, beside (dashed) the
+time to read the variant's state once at the measured memory bandwidth, and the bytes of
+the decoding state per sequence against the context length."""
 
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ from playground.report.plots.style import (
     status_handles,
 )
 from playground.report.summary import PASS_TITLES, exponents
+from playground.run.measure import LIMIT_FLAGS
+from playground.run.spec import DECODE
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,18 @@ class Metric:
     log_y: bool = True
     exponent: int | None = None
     """Index into summary.exponents(): 0 time, 1 memory; None: no fit shown."""
+    decode: bool = False
+    """Drawn from the decode pass's rows only (x: the context length); else from the
+    whole passes' (forward, forward + backward)."""
+    limit_key: str | None = None
+    """A row's floor for `key`, drawn dashed in the setup's colour (decode: reading the
+    state once at the measured bandwidth)."""
+    timed: bool = True
+    """Whether `key` depends on a timing, so that a flagged row's point is drawn hollow;
+    a state's bytes are counted, not timed, and no timing flag doubts them."""
+
+    def shows(self, pass_name: str) -> bool:
+        return (pass_name == DECODE) == self.decode
 
 
 TIME = Metric(
@@ -58,17 +74,29 @@ EFFICIENCY = Metric(
     "useful FLOP/s ÷ measured GEMM FLOP/s",
     log_y=False,
 )
+DECODE_TIME = Metric(
+    "decode_time_vs_n",
+    "time_ms",
+    "Decoding: time per generated token vs context length",
+    "median time per token (ms)",
+    exponent=0,
+    decode=True,
+    limit_key="read_limit_ms",
+)
 STATE = Metric(
     "decode_state_vs_n",
     "state_bytes",
     "Decoding state vs context length",
     "decoding state per sequence (MiB)",
     scale=1 / 2**20,
+    exponent=1,
+    decode=True,
+    timed=False,
 )
-METRICS = (TIME, MEMORY, EFFICIENCY, STATE)
+METRICS = (TIME, MEMORY, EFFICIENCY, DECODE_TIME, STATE)
 
 
-def set_length_axis(axes: Axes, lengths: list[int]) -> None:
+def set_length_axis(axes: Axes, lengths: list[int], decode: bool = False) -> None:
     """Log₂ x axis with a tick at every measured n, written as integers."""
     axes.set_xscale("log", base=2)
     axes.xaxis.set_major_locator(FixedLocator(sorted(set(lengths))))
@@ -77,7 +105,7 @@ def set_length_axis(axes: Axes, lengths: list[int]) -> None:
     axes.xaxis.set_minor_formatter(NullFormatter())
     low, high = min(lengths), max(lengths)
     axes.set_xlim(low / 1.3, high * 1.3)
-    axes.set_xlabel("sequence length n (tokens)")
+    axes.set_xlabel(f"{'context' if decode else 'sequence'} length n (tokens)")
 
 
 def _reference_slopes(axes: Axes, anchors: list[tuple[int, float]]) -> None:
@@ -108,7 +136,7 @@ def _exponent_text(run: RunData, label: str, metric: Metric) -> str:
     if metric.exponent is None:
         return ""
     fitted = []
-    for pass_name in run.passes:
+    for pass_name in filter(metric.shows, run.passes):
         rows = [r for r in run.measurements if r["label"] == label and r["pass"] == pass_name]
         fitted.append(exponents(rows)[metric.exponent] if rows else None)
     if all(value is None for value in fitted):
@@ -117,11 +145,11 @@ def _exponent_text(run: RunData, label: str, metric: Metric) -> str:
 
 
 def scaling_figure(run: RunData, metric: Metric) -> Figure | None:
-    """One metric vs n; None when no row measured it."""
-    rows = run.measurements
+    """One metric vs n; None when no row of the passes it shows measured it."""
+    rows = [row for row in run.measurements if metric.shows(row.get("pass") or "")]
     if not any(row.get(metric.key) is not None for row in rows):
         return None
-    # Only the passes that measure it: a decode row has no peak memory, a forward no state.
+    # Only the passes that measure it: a forward_backward row may have no fidelity, say.
     passes = [
         p for p in run.passes if any(r.get(metric.key) is not None for r in rows if r["pass"] == p)
     ]
@@ -130,6 +158,7 @@ def scaling_figure(run: RunData, metric: Metric) -> Figure | None:
     statuses: set[str] = set()
     notes: list[str] = []
     any_flagged = False
+    floors: list[float] = []
     for axes, pass_name in zip(figure.axes, passes, strict=True):
         anchors: list[tuple[int, float]] = []
         stack: dict[float, int] = {}
@@ -154,11 +183,29 @@ def scaling_figure(run: RunData, metric: Metric) -> Figure | None:
                     label=series.legend + _exponent_text(run, label, metric),
                 )
                 anchors.extend(points)
+            limits = [
+                (r["seq_len"], r[metric.limit_key] * metric.scale)
+                for r in cells
+                if metric.limit_key
+                and r["status"] == OK
+                and _positive(r.get(metric.key), metric.log_y)
+                and _positive(r.get(metric.limit_key), metric.log_y)
+            ]
+            if limits:
+                axes.plot(
+                    *zip(*limits, strict=True),
+                    color=colour,
+                    linestyle="--",
+                    linewidth=1,
+                    alpha=0.7,
+                )
+                floors.extend(value for _, value in limits)
             flagged = [
                 (r["seq_len"], r[metric.key] * metric.scale)
                 for r in cells
-                if r["status"] == OK
-                and r.get("flags")
+                if metric.timed
+                and r["status"] == OK
+                and set(r.get("flags") or []) - set(LIMIT_FLAGS)
                 and _positive(r.get(metric.key), metric.log_y)
             ]
             if flagged:  # measured, but not to be trusted as drawn: hollow
@@ -175,12 +222,12 @@ def scaling_figure(run: RunData, metric: Metric) -> Figure | None:
             mark_failures(axes, failed, colour, stack)
             statuses.update(status for _, status in failed)
             notes.extend(failure_note(r, series.legend) for r in cells if r["status"] != OK)
-        set_length_axis(axes, lengths)
+        set_length_axis(axes, lengths, metric.decode)
         axes.set_title(PASS_TITLES.get(pass_name, pass_name), fontsize=10)
         axes.set_ylabel(metric.axis_label)
         axes.grid(True, which="major", alpha=0.3)
         if metric.log_y:
-            log_axis(axes, [v for _, v in anchors])
+            log_axis(axes, [v for _, v in anchors] + floors)
             if len({n for n, _ in anchors}) > 1:
                 _reference_slopes(axes, anchors)
         else:
@@ -191,6 +238,8 @@ def scaling_figure(run: RunData, metric: Metric) -> Figure | None:
     extra = status_handles(statuses)
     if any_flagged:
         extra.append(_FLAGGED_HANDLE)
+    if floors:
+        extra.insert(0, _read_limit_handle(run, rows))
     if not metric.log_y:
         extra.insert(0, _limit_handle(run))
         ok_values = [r.get(metric.key) for r in rows if r["status"] == OK]
@@ -225,6 +274,17 @@ _FLAGGED_HANDLE = Line2D(
     markeredgecolor="0.3",
     label="hollow: a flagged cell (its row's flags say why; see the report)",
 )
+
+
+def _read_limit_handle(run: RunData, rows: list[dict[str, Any]]) -> Line2D:
+    """The legend entry of the dashed lines: reading the state once at the bandwidth."""
+    bandwidth = run.env.get("memory_bandwidth_bytes_per_s") or next(
+        (r["bandwidth_bytes_per_s"] for r in rows if r.get("bandwidth_bytes_per_s")), None
+    )
+    text = "dashed: reading the state once at the\nmeasured memory bandwidth"
+    if isinstance(bandwidth, int | float) and bandwidth > 0:
+        text += f" ({bandwidth / 1e9:.1f} GB/s)"
+    return Line2D([], [], color="0.3", linestyle="--", linewidth=1, label=text)
 
 
 def _limit_handle(run: RunData) -> Line2D:
