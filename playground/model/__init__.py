@@ -1,2 +1,3 @@
 """The small Transformer the accuracy tasks train (`transformer`), its linear layers
-(`linear_layers`) and its training loop (`training`)."""
+(`linear_layers`), its training loop (`training`) and generation through its decoding
+state (`sampling`)."""

@@ -23,9 +23,11 @@ def generate(
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """The `max_new_tokens` tokens (B, max_new_tokens) that follow `prompt` (B, P) int64,
-    padded on either side as `attention_mask` (B, P) bool says. Greedy (the most likely
-    token) at temperature 0; otherwise drawn from softmax(logits / temperature), among
-    the `top_k` most likely when given, with `generator`."""
+    padded on either side as `attention_mask` (B, P) bool says: each sequence goes on
+    from its last real token, at the positions of the left-padded batch (see
+    `TransformerClassifier.prefill`). Greedy (the most likely token) at temperature 0;
+    otherwise drawn from softmax(logits / temperature), among the `top_k` most likely
+    when given, with `generator`. Puts the model in eval mode (no dropout)."""
     if prompt.dim() != 2 or prompt.shape[1] == 0:
         raise ConfigError(
             f"prompt must be (batch, length ≥ 1) token ids; got {tuple(prompt.shape)}"
@@ -71,6 +73,12 @@ def continue_bytes(
     model: TransformerClassifier, prompt: bytes, new_bytes: int, *, device: str = "cpu"
 ) -> bytes:
     """The `new_bytes` bytes a byte-level model predicts most likely after `prompt` (a
-    newline when the prompt is empty), for a reader to see what bits per byte mean."""
-    tokens = torch.tensor([list(prompt) or [ord("\n")]], dtype=torch.long, device=device)
+    newline when the prompt is empty), for a reader to see what bits per byte mean.
+
+    The prompt keeps its last bytes that leave room for the new ones within the model's
+    training length (at least one), so the continuation is read at lengths it was
+    trained at whenever `new_bytes` allows."""
+    kept = max(1, model.config.max_seq_len - new_bytes)
+    context = list(prompt[-kept:]) or [ord("\n")]
+    tokens = torch.tensor([context], dtype=torch.long, device=device)  # (1, P)
     return bytes(generate(model, tokens, new_bytes)[0].tolist())

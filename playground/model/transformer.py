@@ -91,10 +91,11 @@ class ModelConfig:
             raise ConfigError(f"dropout must be in [0, 1); got {self.dropout}")
 
 
-def sinusoids(length: int, d_model: int) -> torch.Tensor:
+def sinusoids(length: int, d_model: int, start: int = 0) -> torch.Tensor:
     """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(…) (Vaswani et al. §3.5):
-    (length, d_model) float32."""
-    position = torch.arange(length, dtype=torch.float32)[:, None]  # (L, 1)
+    (length, d_model) float32 at positions start … start + length − 1, each row the same
+    values whatever `start` and `length` (a decoded token's row equals the full table's)."""
+    position = torch.arange(start, start + length, dtype=torch.float32)[:, None]  # (L, 1)
     frequency = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
     table = torch.zeros(length, d_model)  # (L, d_model)
     table[:, 0::2] = torch.sin(position * frequency)
@@ -116,8 +117,11 @@ class PositionalEncoding(nn.Module):
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """x (B, L, d_model) at positions offset … offset + L − 1 (a decoded token's own)."""
         end = offset + x.shape[1]
-        table = self.table if end <= self.table.shape[0] else sinusoids(end, x.shape[-1])
-        return x + table[offset:end].to(x.device, x.dtype)  # (B, L, d_model)
+        if end <= self.table.shape[0]:
+            rows = self.table[offset:end]
+        else:  # only the rows asked for: a decoded token past the table costs one row
+            rows = sinusoids(x.shape[1], x.shape[-1], start=offset)
+        return x + rows.to(x.device, x.dtype)  # (B, L, d_model)
 
 
 class EncoderLayer(nn.Module):
@@ -270,9 +274,14 @@ class TransformerClassifier(nn.Module):
         max_length: int | None = None,
     ) -> tuple[torch.Tensor, ModelState]:
         """Start decoding a causal token-target model: tokens (B, P) int64, padded on the
-        left or the right (attention_mask (B, P) bool). Returns the logits (B, P, C), those
-        of the forward, and the state for `decode_step`. `max_length` bounds the tokens the
-        state will hold (its caches are then allocated once)."""
+        left or the right (attention_mask (B, P) bool). Returns the logits (B, P, C) and
+        the state for `decode_step`. `max_length` bounds the tokens the state will hold,
+        the prompt's included (its caches are then allocated once).
+
+        Positions are those of the left-padded batch, as the attention's own state keeps
+        them: a right-padded prompt is decoded as if its padding came first, so its logits
+        (returned in the caller's layout) and every token after it are the forward's on
+        the left-padded batch; a left-padded or unpadded prompt's are the forward's."""
         if not (self.config.causal and self.config.target == "token"):
             raise ConfigError(
                 "decoding needs a causal model with a token target (ModelConfig(causal=True, "

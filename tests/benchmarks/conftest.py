@@ -131,10 +131,13 @@ def _device() -> str:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Parametrize `variant, seq_len, pass_name` (plain values, so the saved JSON's
-    `params` read cleanly) over the quick spec's variants, the lengths and the passes."""
+    `params` read cleanly) over the quick spec's variants, the lengths and the passes;
+    a decoding benchmark's `context_length` over the lengths."""
+    seq_lens, _ = _seq_lens(metafunc.config)
+    if "context_length" in metafunc.fixturenames:
+        metafunc.parametrize("context_length", seq_lens, ids=[f"n{n}" for n in seq_lens])
     if "variant" not in metafunc.fixturenames:
         return
-    seq_lens, _ = _seq_lens(metafunc.config)
     labels = labelled_points(load_spec("quick", default_registry()))
     combinations = [
         (label, seq_len, pass_name)

@@ -40,6 +40,58 @@ def full_forward_greedy(net: TransformerClassifier, prompt: torch.Tensor, n: int
     return sequence[0, prompt.shape[1] :].tolist()
 
 
+def padded(prompts: list[list[int]], side: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompts in one batch, (B, longest) tokens and mask, padded on `side`."""
+    longest = max(len(prompt) for prompt in prompts)
+    tokens = torch.zeros(len(prompts), longest, dtype=torch.long)
+    mask = torch.zeros(len(prompts), longest, dtype=torch.bool)
+    for b, prompt in enumerate(prompts):
+        where = slice(longest - len(prompt), longest) if side == "left" else slice(0, len(prompt))
+        tokens[b, where], mask[b, where] = torch.tensor(prompt), True
+    return tokens, mask
+
+
+@torch.no_grad()
+def decoded_by_full_forward(
+    net: TransformerClassifier, tokens: torch.Tensor, mask: torch.Tensor, n: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy tokens (B, n) and the logits they were chosen from (B, n, C), each step a
+    full forward over the growing left-padded batch, read at its last position."""
+    made, logits = [], []
+    for _ in range(n):
+        last = net(tokens, mask)[:, -1]  # (B, C)
+        following = last.argmax(dim=-1, keepdim=True)  # (B, 1)
+        made.append(following)
+        logits.append(last)
+        tokens = torch.cat([tokens, following], dim=1)
+        mask = torch.cat([mask, torch.ones_like(following, dtype=torch.bool)], dim=1)
+    return torch.cat(made, dim=1), torch.stack(logits, dim=1)
+
+
+PROMPTS = [[3, 14, 15, 9, 2], [6, 5], [35]]
+"""Three lengths in one batch, one of them a single token."""
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-5), (torch.float64, 1e-10)])
+def test_a_padded_batch_decodes_as_the_full_forward_on_it(variant, side, dtype, tolerance):
+    """Greedy tokens and every step's logits through the state equal the full forward's on
+    the left-padded batch (a right-padded one is decoded as if left-padded), 14 tokens:
+    past the model's 16 positions."""
+    net = model(variant, dtype)
+    expected_tokens, expected_logits = decoded_by_full_forward(net, *padded(PROMPTS, "left"), 14)
+    tokens, mask = padded(PROMPTS, side)
+    assert generate(net, tokens, 14, attention_mask=mask).tolist() == expected_tokens.tolist()
+    with torch.no_grad():
+        logits, state = net.prefill(tokens, mask)
+        last_real = torch.tensor([4, 4, 4] if side == "left" else [4, 1, 0])
+        steps = [logits[torch.arange(3), last_real][:, None]]
+        steps += [net.decode_step(expected_tokens[:, t : t + 1], state) for t in range(13)]
+    assert state.length == 5 + 13
+    assert (torch.cat(steps, dim=1) - expected_logits).abs().max() < tolerance
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("prompt_length", [1, 5])
 def test_greedy_tokens_are_those_of_the_full_forward(variant, prompt_length):
@@ -90,6 +142,8 @@ def test_sampling_is_reproducible_and_top_1_is_greedy():
 def test_a_model_that_cannot_decode_says_why():
     with pytest.raises(ConfigError, match="decoding needs a causal model"):
         model("vanilla", causal=False).prefill(torch.tensor([[1, 2]]))
+    with pytest.raises(ConfigError, match="target='sequence'"):
+        generate(model("vanilla", target="sequence"), torch.tensor([[1, 2]]), 3)
     with pytest.raises(ConfigError, match="prompt must be"):
         generate(model("vanilla"), torch.tensor([1, 2]), 3)
 
@@ -100,3 +154,14 @@ def test_continue_bytes_gives_bytes():
     net = TransformerClassifier(config, default_registry()).eval()
     made = continue_bytes(net, b"def ", 6)
     assert isinstance(made, bytes) and len(made) == 6
+    assert made == bytes(generate(net, torch.tensor([list(b"def ")]), 6)[0].tolist())
+
+
+def test_continue_bytes_keeps_the_prompt_within_the_training_length():
+    """16 positions, 6 new bytes: the prompt's last 10 bytes are the context."""
+    torch.manual_seed(0)
+    config = ModelConfig(256, 256, 16, "vanilla", d_model=32, num_heads=4, causal=True)
+    net = TransformerClassifier(config, default_registry()).eval()
+    prompt = b"    def __init__(self, name):"
+    last_ten = torch.tensor([list(prompt[-10:])])
+    assert continue_bytes(net, prompt, 6) == bytes(generate(net, last_ten, 6)[0].tolist())
