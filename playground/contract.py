@@ -435,9 +435,9 @@ class AttentionVariant(nn.Module):
     ) -> None:
         """The inputs live on the module's device and in its dtype (a raw matmul error
         otherwise names neither side)."""
-        state = next(
-            (t for t in (*self.parameters(), *self.buffers()) if t.is_floating_point()), None
-        )
+        # Lazily: the first floating tensor ends the walk (a decoding step pays for it).
+        tensors = itertools.chain(self.parameters(), self.buffers())
+        state = next((t for t in tensors if t.is_floating_point()), None)
         if state is not None and state.dtype != query.dtype:
             raise InvalidInput(
                 f"the input is {query.dtype} but the parameters of {self.name!r} are "

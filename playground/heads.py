@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import cast
 
 import torch
-from einops import rearrange
 from torch import nn
 
 
@@ -23,13 +22,14 @@ def add_projections(module: nn.Module, d_model: int, bias: bool = True) -> None:
 
 
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """(B, N, H·d) -> (B, H, N, d)."""
-    return rearrange(x, "b n (h d) -> b h n d", h=num_heads)
+    """(B, N, H·d) -> (B, H, N, d), a view. Plain torch rather than einops: a decoding
+    step splits a few one-token tensors, where einops' per-call overhead shows."""
+    return x.unflatten(-1, (num_heads, -1)).transpose(1, 2)
 
 
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
     """(B, H, N, d) -> (B, N, H·d)."""
-    return rearrange(x, "b h n d -> b n (h d)")
+    return x.transpose(1, 2).flatten(2)
 
 
 def project_heads(
