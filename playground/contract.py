@@ -361,6 +361,37 @@ class AttentionVariant(nn.Module):
         inputs, real = state.sequence()
         return self(inputs, attention_mask=real, is_causal=True).output[:, -1:]
 
+    # --- attention on heads projected elsewhere (playground.hf's kernel-level bridge) -----
+    def attend_heads(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        allowed: torch.Tensor | None,
+        *,
+        scale: float,
+        q_idx: torch.Tensor,
+        kv_idx: torch.Tensor,
+        dropout: float = 0.0,
+    ) -> torch.Tensor:
+        """The variant's attention on queries, keys and values that another model projected
+        (and maybe rotated): q (B, H, Nq, d), k and v (B, G, Nk, d) with G dividing H (query
+        head h reads key/value head h // (H / G)); `allowed` (B or 1, 1, Nq, Nk) bool, True
+        where a query may see a key (None: every key); `scale` the model's; q_idx (Nq,) and
+        kv_idx (Nk,) int64 the positions of the queries and keys; `dropout` on the weights.
+        Returns each head's output (B, H, Nq, d), zero for a query that sees no key.
+
+        The default refuses: a variant whose attention is more than a function of given q,
+        k and v (its own projections, feature maps or gates) cannot work at this level.
+        Override it where it fits, with the variant's own mods."""
+        raise UnsupportedFeature(
+            self.name,
+            "attention on heads projected elsewhere (transformers' AttentionInterface)",
+            "its attention is not a function of given queries, keys and values alone (it "
+            "owns its projections); swap the whole attention module instead: "
+            f"playground.hf.swap_attention(model, {self.name!r})",
+        )
+
     def _check_inputs(
         self,
         query: torch.Tensor,

@@ -162,8 +162,8 @@ class TokenCache(DecodingState):
         """Keep n more tokens: each entry (B, heads, n, width), the same names at every
         call, and `real` (B, n) bool, which are real tokens (None: all of them)."""
         if real is None:
-            first = next(iter(entries.values()))
-            real = torch.ones(first.shape[0], first.shape[2], dtype=torch.bool, device=first.device)
+            like = next(iter(entries.values()))
+            real = torch.ones(like.shape[0], like.shape[2], dtype=torch.bool, device=like.device)
         if self.entries and set(entries) != set(self.entries):
             raise InvalidInput(f"a TokenCache keeps {sorted(self.entries)}; got {sorted(entries)}")
         n, needed = real.shape[1], self.count + real.shape[1]
@@ -289,13 +289,15 @@ def cached_attention(
     v: torch.Tensor,
     allowed: torch.Tensor | None,
     scale: float,
+    dropout: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Softmax attention of new queries over kept keys: q (B, H, n, d), k (B, G, L, d),
     v (B, G, L, dv) with G dividing H (query head h reads key/value head h // (H / G),
     without a copy), `allowed` (B or 1, H or 1, n or 1, L) bool or None. Returns the
     context (B, H, n, dv), zero for a head that saw no key, and (B or 1, n, 1) bool, True
     where a query saw no key in any head (its output is zero), or None when every query
-    saw one. One fused SDPA call: a step reads the cache once."""
+    saw one. One fused SDPA call: a step reads the cache once. `dropout`: the probability
+    of dropping a weight (training only)."""
     batch, heads, n, _ = q.shape
     groups = k.shape[1]
     shared, mask = q, allowed
@@ -305,7 +307,9 @@ def cached_attention(
             mask = allowed.expand(-1, heads, n, -1).reshape(
                 allowed.shape[0], groups, -1, k.shape[2]
             )
-    context = F.scaled_dot_product_attention(shared, k, v, attn_mask=mask, scale=scale)
+    context = F.scaled_dot_product_attention(
+        shared, k, v, attn_mask=mask, dropout_p=dropout, scale=scale
+    )
     context = context.reshape(batch, heads, n, v.shape[-1])
     if allowed is None:
         return context, None

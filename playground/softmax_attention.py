@@ -42,11 +42,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 
 from playground.config import VariantConfig
 from playground.contract import AttentionOutput, AttentionVariant, Capabilities, _hook_error
 from playground.decoding import TokenCache, cached_attention
-from playground.errors import HookError
+from playground.errors import HookError, UnsupportedFeature
 from playground.heads import (
     add_projections,
     attention_flops,
@@ -439,6 +440,37 @@ class SoftmaxAttention(AttentionVariant):
         weights = masked_softmax(scores, None)  # (B, H, 1, L)
         empty = torch.isneginf(scores.amax(dim=-1)).all(dim=1)[..., None]  # (B, 1, 1)
         return self._output(weights @ values, token, empty)
+
+    # --- attention on heads projected elsewhere (playground.hf's kernel-level bridge) -----
+    def attend_heads(self, q, k, v, allowed, *, scale, q_idx, kv_idx, dropout=0.0):
+        """The mods on another model's q, k and v (`AttentionVariant.attend_heads`):
+        `position_mod` at q_idx and kv_idx, `mask_mod` and `score_mod` on the index grid,
+        grouped key/value heads read by their query heads. A `context_mod` reads the
+        layer's input, which an attention function is not given: refused."""
+        if type(self).context_mod is not SoftmaxAttention.context_mod:
+            raise UnsupportedFeature(
+                self.name,
+                "attention on heads projected elsewhere (transformers' AttentionInterface)",
+                "its context_mod changes each head's output by the layer's input, which an "
+                "attention function is not given; swap the whole attention module instead: "
+                f"playground.hf.swap_attention(model, {self.name!r})",
+            )
+        q, k = self._positioned(q, k, q_idx, kv_idx)
+        b, h, q_grid, kv_grid = index_grid(q.shape[0], q.shape[1], q_idx, kv_idx)
+        if self._has_mask_mod:
+            rule = self._mask(b, h, q_grid, kv_grid)  # (B or 1, H or 1, Nq, Nk)
+            allowed = rule if allowed is None else allowed & rule
+        if not self._has_score_mod:  # one fused call, the groups read in place
+            return cached_attention(q, k, v, allowed, scale, dropout)[0]
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        scores = q @ k.transpose(-2, -1) * scale  # (B, H, Nq, Nk)
+        scores = self._scores(scores, b, h, q_grid, kv_grid).to(q.dtype).broadcast_to(scores.shape)
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, -math.inf)
+        weights = masked_softmax(scores, None)  # 0 on a row that sees no key
+        weights = F.dropout(weights, dropout, training=dropout > 0)
+        return weights @ v
 
     def _checked_window(self) -> int | None:
         window = self.decoding_window()

@@ -131,6 +131,12 @@ class GroupedQueryAttention(AttentionVariant):
         )
         return project_output(self, context, empty)
 
+    # --- on heads projected elsewhere (playground.hf): exact attention -------------------
+    def attend_heads(self, q, k, v, allowed, *, scale, q_idx, kv_idx, dropout=0.0):
+        """Exact softmax attention on another model's q, k and v, whose G key/value heads
+        each serve H / G query heads: one fused call, no copy of k or v."""
+        return cached_attention(q, k, v, allowed, scale, dropout)[0]
+
 
 @playground.hookimpl
 def register_attention(register):

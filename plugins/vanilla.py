@@ -116,6 +116,11 @@ class VanillaAttention(AttentionVariant):
         )
         return project_output(self, context, empty)
 
+    # --- on heads projected elsewhere (playground.hf): exact attention -------------------
+    def attend_heads(self, q, k, v, allowed, *, scale, q_idx, kv_idx, dropout=0.0):
+        """Exact softmax attention (eq. 1) on another model's q, k and v: one fused call."""
+        return cached_attention(q, k, v, allowed, scale, dropout)[0]
+
 
 @playground.hookimpl
 def register_attention(register):

@@ -28,6 +28,7 @@ LONG_MODULES_JUSTIFIED = {"contract.py", "registry.py", "softmax_attention.py", 
 LAZY_IMPORTS_ALLOWED = {
     "ray": "the `ray` extra: the ray executor imports it only when it runs",
     "pytest": "only inside a test run: parametrize_with_checks and CheckCase.check",
+    "transformers": "the `hf` extra: playground.hf imports it when a bridge is used",
 }
 """Optional dependencies (in no part of [project].dependencies): a function imports them
 so that the package imports without them. Any other import sits at the top of a module,
