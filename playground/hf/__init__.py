@@ -10,5 +10,6 @@ transformers is optional: `pip install 'attention-playground[hf]'`.
 """
 
 from playground.hf.kernel import register
+from playground.hf.swap import SwapReport, swap_attention
 
-__all__ = ["register"]
+__all__ = ["SwapReport", "register", "swap_attention"]

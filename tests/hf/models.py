@@ -27,6 +27,12 @@ def llama_config(**changes) -> transformers.LlamaConfig:
     return transformers.LlamaConfig(**{**settings, **changes})
 
 
+def llama_like(config_class, **changes):
+    """A Llama-family config (Mistral, Qwen2) with llama_config's sizes."""
+    settings = {k: v for k, v in llama_config().to_dict().items() if k != "model_type"}
+    return config_class(**{**settings, **changes})
+
+
 def gpt2_config(**changes) -> transformers.GPT2Config:
     settings = dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=128)
     return transformers.GPT2Config(**{**settings, **changes})

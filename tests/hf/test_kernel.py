@@ -19,6 +19,7 @@ from tests.hf.models import (
     greedy_by_rerunning,
     left_padded,
     llama_config,
+    llama_like,
     tokens,
     transformers,
 )
@@ -170,9 +171,8 @@ def test_every_mask_form_reaches_the_variant():
 def test_a_sliding_window_model_passes_its_window_through_the_mask():
     """Mistral with a sliding window of 4: the bridged exact attention equals sdpa, and
     differs from the same weights without the window, so the window reached it."""
-    settings = llama_config().to_dict()
-    windowed = transformers.MistralConfig(**{**settings, "sliding_window": 4})
-    unwindowed = transformers.MistralConfig(**{**settings, "sliding_window": None})
+    windowed = llama_like(transformers.MistralConfig, sliding_window=4)
+    unwindowed = llama_like(transformers.MistralConfig, sliding_window=None)
     implementation = playground.hf.register("vanilla")
     ids = tokens(2, 12)
     with torch.no_grad():
