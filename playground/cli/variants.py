@@ -19,6 +19,7 @@ from playground.cli.scaffold import create_variant
 from playground.config import describe_options
 from playground.contract import AttentionVariant, flops_exponent
 from playground.errors import PlaygroundError, UnsupportedFeature
+from playground.hf.support import bridges
 from playground.registry import Registry
 from playground.run.decode import prefilled
 from playground.testing import CHECKS, iter_cases
@@ -56,6 +57,8 @@ def command_info(registry: Registry, arguments: argparse.Namespace) -> int:
     flops = cls.flops(4096, 4096, 512, 8, **dataclasses.asdict(cls.Config()))
     console.print(f"flops at n=4096, d_model=512, 8 heads: {flops / 1e9:.1f} GFLOP per sequence")
     console.print(f"decoding state at d_model=512, 8 heads: {escape(state_size(registry, cls))}")
+    for line in bridges(cls):
+        console.print(f"transformers bridge, {escape(line)}")
     table = Table(title=f"options of {cls.name} (playground.build({cls.name!r}, **options))")
     for column in ("option", "type", "default", "meaning"):
         table.add_column(column)

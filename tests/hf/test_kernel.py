@@ -227,3 +227,19 @@ def test_without_transformers_the_error_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(playground.PlaygroundError, match=r"attention-playground\[hf\]"):
         playground.hf.register("vanilla")
+
+
+@pytest.mark.parametrize(
+    ("name", "kernel", "families"),
+    [
+        ("alibi", "yes", "llama, mistral, qwen2, gpt2, bert; generate()"),
+        ("performer", "no: its attention is not a function", "llama, mistral"),
+        ("linformer", "no: its attention is not a function", ": bert"),
+    ],
+)
+def test_playground_info_says_which_bridges_a_variant_supports(name, kernel, families, capsys):
+    from playground.cli import main
+
+    assert main(["info", name]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "kernel level" in out and kernel in out and families in out
