@@ -129,8 +129,25 @@ def protected_names() -> dict[str, str]:
     return {name: origin for name, origin in shipped_names().items() if name not in vocabulary}
 
 
+THIRD_PARTY_WORDS = {
+    ("playground/hf/swap.py", "sliding_window"): (
+        "transformers' config attribute (MistralConfig, Qwen2Config): the bridge reads it to "
+        "refuse swapping into a windowed model, whose mask a swapped module cannot follow"
+    ),
+}
+"""Another library's word that is also a shipped variant's name, where the core must use
+it: (module, word) -> why. Kept to this list."""
+
+
 def test_the_core_names_no_shipped_variant_option_method_or_parameter():
-    hits = scan(protected_names())
+    hits = [
+        hit
+        for hit in scan(protected_names())
+        if not any(
+            hit.startswith(f"{module}:") and f": {word!r} " in hit
+            for module, word in THIRD_PARTY_WORDS
+        )
+    ]
     assert not hits, "the core names what only a shipped plugin defines:\n" + "\n".join(hits)
 
 

@@ -123,16 +123,24 @@ def mask_without_shortcuts(*args: Any, **kwargs: Any) -> torch.Tensor | None:
     return sdpa_mask(*args, **kwargs)
 
 
-def register(name: str, **options: Any) -> str:
-    """Register variant `name`, built with `options`, as the transformers attention
+def variant_class(variant: str | type[AttentionVariant]) -> type[AttentionVariant]:
+    """A registered variant's class by name, or the class given (a user's own, or one from
+    another registry)."""
+    if isinstance(variant, type) and issubclass(variant, AttentionVariant):
+        return variant
+    return default_registry().get(str(variant))
+
+
+def register(name: str | type[AttentionVariant], **options: Any) -> str:
+    """Register variant `name` (or a variant class), built with `options`, as the transformers attention
     implementation `playground:NAME` (an attention function and its mask function), and
     return that name: `AutoModel...from_config(config, attn_implementation=...)` or
     `model.set_attn_implementation(...)` then uses it. Registering a name again replaces
     the function, with the new options, for every model that uses it."""
     transformers = require()
-    cls = default_registry().get(name)
+    cls = variant_class(name)
     check_kernel_level(cls, options)
-    implementation = PREFIX + name
+    implementation = PREFIX + cls.name
     transformers.AttentionInterface.register(implementation, BridgedAttention(cls, options))
     transformers.masking_utils.AttentionMaskInterface.register(
         implementation, mask_without_shortcuts

@@ -38,9 +38,9 @@ from torch import nn
 from playground.contract import AttentionVariant
 from playground.decoding import left_aligned
 from playground.errors import InvalidInput, UnsupportedFeature
+from playground.hf.kernel import variant_class
 from playground.hf.library import require
 from playground.hf.masks import allowed_pairs, padding_of
-from playground.registry import default_registry
 
 SUPPORTED = {
     "llama": "LlamaAttention",
@@ -238,6 +238,11 @@ def _model_projections(kind: str, module: Any, parent: Any) -> list[tuple[Any, A
     return _linear_parts(module, ("q_proj", "k_proj", "v_proj", "o_proj"))
 
 
+def _rotatable(projection: Any, width: int) -> bool:
+    """Whether a projection's output is whole heads of `width`, which a rotation acts on."""
+    return isinstance(projection, nn.Linear) and projection.out_features % width == 0
+
+
 # --- swapping ----------------------------------------------------------------------------
 def _architecture(model: nn.Module) -> str:
     kind = getattr(getattr(model, "config", None), "model_type", None)
@@ -282,15 +287,18 @@ def _refuse_model_features(config: Any, kind: str, cls: type[AttentionVariant]) 
         )
 
 
-def swap_attention(model: nn.Module, name: str, **options: Any) -> SwapReport:
+def swap_attention(
+    model: nn.Module, name: str | type[AttentionVariant], **options: Any
+) -> SwapReport:
     """Replace every self-attention module of `model` (Llama, Mistral, Qwen2, GPT-2, BERT)
-    by variant `name` built with `options` (d_model and heads from the model's config),
+    by variant `name` (or a variant class) built with `options` (d_model and heads from the model's config),
     porting the weights it shares with the model. Returns what was ported, what is new and
     what happened to the model's positions; the model is changed in place."""
     require()
     kind = _architecture(model)
     config: Any = model.config
-    cls = default_registry().get(name)
+    cls = variant_class(name)
+    name = cls.name
     _refuse_model_features(config, kind, cls)
     options = _options(cls, config, kind, options)
     report = SwapReport(architecture=kind, variant=name)
@@ -319,12 +327,13 @@ def swap_attention(model: nn.Module, name: str, **options: Any) -> SwapReport:
             parent.output.dense = nn.Identity()  # moved into the variant
         rotate = None
         if rotate_positions:
-            if not {"q_proj", "k_proj"} <= set(ported):
+            width = config.hidden_size // config.num_attention_heads
+            if not all(_rotatable(getattr(variant, p, None), width) for p in ("q_proj", "k_proj")):
                 raise UnsupportedFeature(
                     name,
                     f"keeping a {kind} model's rotary positions",
-                    "its queries and keys do not come from q_proj and k_proj of the "
-                    "model's shapes, where the rotation is applied",
+                    "its queries and keys do not come from q_proj and k_proj layers of whole "
+                    f"heads of {width}, where the rotation is applied",
                 )
             rotate = sys.modules[type(module).__module__].apply_rotary_pos_emb
         swapped = SwappedAttention(

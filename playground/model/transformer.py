@@ -43,6 +43,10 @@ from playground.model.linear_layers import use_fast_linears
 from playground.registry import Registry
 
 PositionalEncodingName = Literal["auto", "sinusoidal", "none"]
+ArchitectureName = Literal["playground", "hf_llama"]
+ARCHITECTURES: tuple[str, ...] = ("playground", "hf_llama")
+"""The networks a variant trains in: this module's TransformerClassifier, or a tiny
+transformers Llama with the variant swapped in (playground.hf.LlamaLanguageModel)."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,10 @@ class ModelConfig:
     """Every layer attends with `is_causal=True` (position i sees positions <= i)."""
     pooling: Literal["first", "mean"] = "first"
     """Sequence target only: classify from position 0 ([CLS]) or from the mean of real tokens."""
+    architecture: ArchitectureName = "playground"
+    """The network around the attention: "playground" (this module's), or "hf_llama", a
+    transformers Llama of the same width, depth and heads (RMSNorm, SwiGLU, rotary
+    positions) with the variant swapped into each layer; a causal token model only."""
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "num_classes", "max_seq_len", "d_model", "num_heads"):
@@ -89,6 +97,15 @@ class ModelConfig:
             raise ConfigError(f"num_layers must be at least 1; got {self.num_layers}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout must be in [0, 1); got {self.dropout}")
+        if self.architecture not in ARCHITECTURES:
+            raise ConfigError(
+                f"architecture must be one of {', '.join(ARCHITECTURES)}; got {self.architecture!r}"
+            )
+        if self.architecture == "hf_llama" and not (self.causal and self.target == "token"):
+            raise ConfigError(
+                "architecture 'hf_llama' is a causal language model: it trains on causal, "
+                "per-token tasks (lm, or mqar), not on sequence targets or bidirectional ones"
+            )
 
 
 def sinusoids(length: int, d_model: int, start: int = 0) -> torch.Tensor:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,9 +29,9 @@ from rich.progress import Progress
 from playground.errors import ConfigError, UnsupportedFeature
 from playground.model.training import TrainConfig, evaluate, majority_rate, train
 from playground.model.transformer import (
+    ArchitectureName,
     ModelConfig,
     PositionalEncodingName,
-    TransformerClassifier,
     describe,
 )
 from playground.registry import Registry
@@ -42,47 +41,11 @@ from playground.run.language import (
     language_fields,
     score_language,
 )
+from playground.run.model_settings import build_model, training_label
 from playground.run.stats import interval_half_width, proportion_interval
 from playground.tasks import IGNORE, LanguageTask, Task
 
 DEFAULT_SEEDS = (0, 1, 2)
-MODEL_DEFAULTS = {"d_model": 64, "num_heads": 4, "num_layers": 2}
-"""The model a task trains on unless its table says otherwise."""
-
-
-CURRICULUM_TAG = "curriculum"
-"""Appended to the label of every task scored after a curriculum: the same task trained
-alone is another cell."""
-
-
-POSITIONAL_ENCODINGS: tuple[str, ...] = typing.get_args(PositionalEncodingName)
-"""The model's own positions (ModelConfig.positional_encoding); "none" is NoPE."""
-
-
-def settings_label(*, positional_encoding: str = "auto", **shape: int) -> str:
-    """Each model setting that is not the default, e.g. `d_model=128 positional_encoding=none`
-    ("" when all are)."""
-    changed = [
-        f"{k}={shape[k]}"
-        for k in MODEL_DEFAULTS
-        if shape.get(k, MODEL_DEFAULTS[k]) != MODEL_DEFAULTS[k]
-    ]
-    if positional_encoding != "auto":
-        changed.append(f"positional_encoding={positional_encoding}")
-    return " ".join(changed)
-
-
-def training_label(
-    task_label: str, *, curriculum: bool = False, positional_encoding: str = "auto", **shape: int
-) -> str:
-    """The task's label, with each model setting that is not the default appended
-    (`mqar(seq_len=128, num_pairs=8) d_model=128`), and CURRICULUM_TAG when the model
-    was trained on a curriculum: one task trained at several widths or positions, or alone
-    and after a curriculum, is several cells."""
-    settings = settings_label(positional_encoding=positional_encoding, **shape)
-    return " ".join(
-        part for part in (task_label, settings, CURRICULUM_TAG if curriculum else "") if part
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +124,8 @@ class AccuracyJob:
     dtype: torch.dtype = torch.float32
     positional_encoding: PositionalEncodingName = "auto"
     """The model's own positions (ModelConfig.positional_encoding; "none" is NoPE)."""
+    architecture: ArchitectureName = "playground"
+    """The network (ModelConfig.architecture)."""
     eval_lengths: tuple[int, ...] = ()
     """A language task's evaluation lengths beside its training length."""
     keep_weights: bool = False
@@ -208,6 +173,7 @@ def prepare(registry: Registry, job: AccuracyJob) -> Prepared:
         target=task.target,
         causal=task.needs_causal,
         positional_encoding=job.positional_encoding,
+        architecture=job.architecture,
     )
 
     def schedule(task: Task, steps: int | None, batch_size: int | None) -> TrainConfig:
@@ -307,7 +273,7 @@ def train_seed(
     then on the task, and score it on the test split of each."""
     job, config = prepared.job, prepared.model
     torch.manual_seed(seed)
-    model = TransformerClassifier(config, registry).to(job.device, job.dtype)
+    model = build_model(config, registry).to(job.device, job.dtype)
     tests, train_time_s = [], 0.0
     for task, schedule in (*prepared.stages, (prepared.task, prepared.training)):
         # No more examples than the schedule draws (nor fewer than a test split): a short
@@ -387,6 +353,7 @@ def row_fields(
             task.label,
             curriculum=curriculum,
             positional_encoding=model.positional_encoding,
+            architecture=model.architecture,
             **shape,
         )
         return {

@@ -255,6 +255,7 @@ class Measurer:
             device=self.spec.device,
             dtype=self.spec.torch_dtype,
             positional_encoding=task.positional_encoding,
+            architecture=task.architecture,
             eval_lengths=task.eval_lengths,
             keep_weights=self.spec.save_weights,
         )

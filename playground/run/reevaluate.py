@@ -33,6 +33,7 @@ from playground.run.language import (
     score_length,
 )
 from playground.run.measure import using_threads
+from playground.run.model_settings import build_model
 from playground.run.resume import resume
 from playground.run.store import ENV, RunStore
 from playground.tasks import LanguageTask
@@ -119,7 +120,7 @@ def models(
     fields = {field.name for field in dataclasses.fields(ModelConfig)}
     config = ModelConfig(**{k: v for k, v in row["model"].items() if k in fields})
     for seed, relative in sorted(row["weights"].items(), key=lambda item: int(item[0])):
-        model = TransformerClassifier(config, registry).to(device, dtype)
+        model = build_model(config, registry).to(device, dtype)
         try:
             model.load_state_dict(store.load_weights(relative))
         except RuntimeError as error:  # the state dict does not fit the row's model

@@ -65,8 +65,9 @@ from typing import Any
 import torch
 
 from playground.errors import ConfigError
-from playground.model.transformer import PositionalEncodingName
-from playground.run.accuracy import MODEL_DEFAULTS, Stage
+from playground.model.transformer import ArchitectureName, PositionalEncodingName
+from playground.run.accuracy import Stage
+from playground.run.model_settings import MODEL_DEFAULTS
 
 EXECUTORS = ("local", "ray")
 
@@ -159,6 +160,8 @@ class TaskRun:
     """The label each stage's row is recorded under (the task's own is `label`)."""
     positional_encoding: PositionalEncodingName = "auto"
     """The model's own positions; "none" trains without them (NoPE)."""
+    architecture: ArchitectureName = "playground"
+    """The network the variant trains in: the playground's model, or "hf_llama"."""
     eval_lengths: tuple[int, ...] = ()
     """A language task's evaluation lengths beside its training length."""
     settings_label: str = ""
@@ -178,6 +181,7 @@ TASK_SETTINGS = {
     "learning_rate": float,
     "batch_size": int,
     "positional_encoding": str,
+    "architecture": str,
     "eval_lengths": list[int],
 }
 """Keys of a [[tasks]] table that set up training rather than the task itself."""

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from playground.errors import PlaygroundError
+from playground.model.transformer import ARCHITECTURES
 from playground.registry import Registry
-from playground.run.accuracy import (
+from playground.run.accuracy import Stage, curriculum_tasks
+from playground.run.model_settings import (
     MODEL_DEFAULTS,
     POSITIONAL_ENCODINGS,
-    Stage,
-    curriculum_tasks,
     settings_label,
     training_label,
 )
@@ -55,7 +55,14 @@ def task_run(
     for key, expected in TASK_SETTINGS.items():
         if key in entry:
             value = entry[key]
-            if key == "positional_encoding":
+            if key == "architecture":
+                if value not in ARCHITECTURES:
+                    problems.add(
+                        f"{where}.{key}: {value!r} is not one of {', '.join(ARCHITECTURES)} "
+                        '("hf_llama": a transformers Llama with the variant swapped in)'
+                    )
+                    continue
+            elif key == "positional_encoding":
                 if value not in POSITIONAL_ENCODINGS:
                     problems.add(
                         f"{where}.{key}: {value!r} is not one of {', '.join(POSITIONAL_ENCODINGS)}"
@@ -154,19 +161,34 @@ def task_run(
         return None
     shape = {k: v for k, v in settings.items() if k in MODEL_DEFAULTS}
     positions = settings.get("positional_encoding", "auto")
+    architecture = settings.get("architecture", "playground")
     tagged = bool(curriculum)
     return TaskRun(
         name=entry["name"],
         options=options,
-        label=training_label(task.label, curriculum=tagged, positional_encoding=positions, **shape),
+        label=training_label(
+            task.label,
+            curriculum=tagged,
+            positional_encoding=positions,
+            architecture=architecture,
+            **shape,
+        ),
         seeds=tuple(range(seed, seed + settings.pop("seeds", 3))),
         variants=None if chosen is None else tuple(chosen),
         curriculum=curriculum,
         stage_labels=tuple(
-            training_label(each.label, curriculum=tagged, positional_encoding=positions, **shape)
+            training_label(
+                each.label,
+                curriculum=tagged,
+                positional_encoding=positions,
+                architecture=architecture,
+                **shape,
+            )
             for each in stage_tasks
         ),
-        settings_label=settings_label(positional_encoding=positions, **shape),
+        settings_label=settings_label(
+            positional_encoding=positions, architecture=architecture, **shape
+        ),
         **settings,
     )
 

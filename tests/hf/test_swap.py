@@ -236,3 +236,20 @@ def test_a_right_padded_prompt_is_refused_when_decoding_with_the_models_rotation
     mask[1, 4:] = 0
     with pytest.raises(playground.InvalidInput, match="padded on the right"):
         model(tokens(2, 6), attention_mask=mask, use_cache=True)
+
+
+def test_fewer_key_value_heads_than_the_model_start_new_and_keep_the_rotation():
+    """gqa with 2 key/value heads in a Llama with 4: its k and v cannot take the model's
+    weights (they start new, and the report says so), but its q and k still get the
+    model's rotation, and it generates exactly."""
+    model = build(transformers.LlamaForCausalLM, llama_config(num_key_value_heads=4), "sdpa")
+    report = playground.hf.swap_attention(model, "gqa", num_kv_heads=2)
+    assert report.ported == ["q_proj", "out_proj"]
+    assert {"k_proj.weight", "v_proj.weight"} <= set(
+        report.new
+    ) and "rotary positions are kept" in report.positions
+    prompt = tokens(2, 5)
+    generated = model.generate(
+        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6, do_sample=False
+    )
+    assert torch.equal(generated, greedy_by_rerunning(model, prompt, 6))
