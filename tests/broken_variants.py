@@ -44,6 +44,21 @@ class IgnoresPadding(Vanilla):
         return super().forward_fast(query, key, value, None, is_causal, need_weights)
 
 
+class IgnoresPaddingInCrossAttention(Vanilla):
+    """Drops the key padding mask when the keys are another sequence than the queries:
+    self-attention is right, cross attention attends to padded keys."""
+
+    name = "broken_ignores_padding_in_cross_attention"
+
+    def forward_reference(self, query, key, value, attention_mask, is_causal, need_weights):
+        mask = attention_mask if key is query else None
+        return super().forward_reference(query, key, value, mask, is_causal, need_weights)
+
+    def forward_fast(self, query, key, value, attention_mask, is_causal, need_weights):
+        mask = attention_mask if key is query else None
+        return super().forward_fast(query, key, value, mask, is_causal, need_weights)
+
+
 class NaNOnFullyMaskedRow(Vanilla):
     """The textbook -inf mask and plain softmax: a query with no key left gets NaN."""
 

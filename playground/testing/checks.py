@@ -146,6 +146,35 @@ def check_cross_attention(subject: Subject) -> None:
             )
 
 
+def cross_lengths(subject: Subject) -> list[tuple[int, int]]:
+    """(Nq, Nk) pairs, queries shorter and longer than the keys, up to the longest suite
+    length (so past every special size on the longer side)."""
+    longest, n = subject.lengths[-1], subject.seq_len
+    pairs = [(max(2, n // 2), n), (n, max(2, n // 4) + 1), (5, longest), (longest, 7)]
+    return sorted(set(pairs), key=pairs.index)
+
+
+def check_cross_attention_corners(subject: Subject) -> None:
+    """Cross attention keeps the promises self attention does: queries shorter and longer
+    than the keys, in eval and train mode, under every declared mask combination (the
+    padding mask over the keys): each batch element is what it gets alone, padded keys
+    and values change no output, and under is_causal query i sees no key j > i (values,
+    and gradients in training)."""
+    if not subject.caps.cross_attention:
+        raise CheckSkipped("cross_attention not declared")
+    for n_q, n_k in cross_lengths(subject):
+        x, memory = subject.tokens(n_q), subject.tokens(n_k, seed=2)
+        for mode in MODES:
+            module = subject.build(mode=mode)
+            for case in subject.mask_cases(n_k):
+                assert_batch_independent(module, x, case, mode, memory)
+                if "attention_mask" in case:
+                    assert_padding_invariant(module, x, case, mode, memory)
+                if case.get("is_causal"):
+                    separate = {"query": x, "key": memory, "value": subject.tokens(n_k, seed=3)}
+                    assert_causal(module, separate, case, mode, gradients=mode == "train")
+
+
 # --- masks, batches and time, in the corners ---------------------------------------
 def check_batch_independence(subject: Subject) -> None:
     """Each batch element's output is what it gets alone: every length, both modes,
@@ -590,6 +619,7 @@ CHECKS: tuple[Callable[[Subject], None], ...] = (
     check_empty_inputs,
     check_key_value_default_to_query,
     check_cross_attention,
+    check_cross_attention_corners,
     check_batch_independence,
     check_padding_invariance,
     check_padded_weights_are_zero,

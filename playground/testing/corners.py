@@ -61,55 +61,78 @@ def where(n: int, mode: Mode, case: dict[str, Any], extra: str = "") -> str:
     return f"n={n}, {mode}, {describe(case)}{', ' + extra if extra else ''}"
 
 
+def _arguments(x: torch.Tensor, memory: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """The call's inputs: x alone (self-attention), or x over `memory` as key and value."""
+    return (x,) if memory is None else (x, memory, memory)
+
+
 def assert_batch_independent(
-    module: AttentionVariant, x: torch.Tensor, case: dict[str, Any], mode: Mode
+    module: AttentionVariant,
+    x: torch.Tensor,
+    case: dict[str, Any],
+    mode: Mode,
+    memory: torch.Tensor | None = None,
 ) -> None:
-    """Each batch element's output is what it gets alone."""
+    """Each batch element's output is what it gets alone (x attending over itself, or
+    over `memory` (B, Nk, E) as key and value)."""
     mask = case.get("attention_mask")
     with running(mode):
-        together = module(x, **case).output
+        together = module(*_arguments(x, memory), **case).output
         for b in range(x.shape[0]):
             alone_case = dict(case)
             if mask is not None:
                 alone_case["attention_mask"] = mask[b : b + 1]
-            alone = module(x[b : b + 1], **alone_case).output
+            own = None if memory is None else memory[b : b + 1]
+            alone = module(*_arguments(x[b : b + 1], own), **alone_case).output
             difference = max_difference(together[b : b + 1], alone)
             if not difference <= tolerance_for(alone):
                 raise CheckFailed(
                     f"batch element {b} differs by {difference:.3g} when run alone "
-                    f"({where(x.shape[1], mode, case)}): elements of a batch influence "
-                    f"each other"
+                    f"({where(x.shape[1], mode, case, _cross(memory))}): elements of a batch "
+                    f"influence each other"
                 )
 
 
+def _cross(memory: torch.Tensor | None) -> str:
+    return "" if memory is None else f"cross attention over Nk={memory.shape[1]}"
+
+
 def assert_padding_invariant(
-    module: AttentionVariant, x: torch.Tensor, case: dict[str, Any], mode: Mode
+    module: AttentionVariant,
+    x: torch.Tensor,
+    case: dict[str, Any],
+    mode: Mode,
+    memory: torch.Tensor | None = None,
 ) -> None:
     """Changing padded tokens, to large noise, NaN or inf, never changes a real query's
-    output, which stays finite."""
+    output, which stays finite. In cross attention (`memory` as key and value) the padded
+    tokens are memory's, and every query is real."""
     mask = case["attention_mask"]
-    noise = torch.randn(x.shape, generator=torch.Generator().manual_seed(9)).to(x.dtype)
+    padded = x if memory is None else memory
+    real_queries = mask if memory is None else torch.ones(x.shape[:2], dtype=torch.bool)
+    noise = torch.randn(padded.shape, generator=torch.Generator().manual_seed(9))
+    context = where(x.shape[1], mode, case, _cross(memory))
     with running(mode):
-        before = module(x, **case).output
+        before = module(*_arguments(x, memory), **case).output
         for label, fill in (
-            ("large noise", 100 * noise),
-            ("NaN", torch.full_like(x, float("nan"))),
-            ("inf", torch.full_like(x, float("inf"))),
+            ("large noise", 100 * noise.to(padded.dtype)),
+            ("NaN", torch.full_like(padded, float("nan"))),
+            ("inf", torch.full_like(padded, float("inf"))),
         ):
-            changed = torch.where(mask[..., None], x, fill)
-            after = module(changed, **case).output
-            real_before, real_after = before[mask], after[mask]
+            changed = torch.where(mask[..., None], padded, fill)
+            inputs = (changed,) if memory is None else (x, changed, changed)
+            after = module(*inputs, **case).output
+            real_before, real_after = before[real_queries], after[real_queries]
             if not torch.isfinite(real_after).all():
                 raise CheckFailed(
                     f"padded tokens set to {label} made real outputs non-finite "
-                    f"({where(x.shape[1], mode, case)}): padding leaks into the output"
+                    f"({context}): padding leaks into the output"
                 )
             difference = max_difference(real_before, real_after)
             if not difference <= tolerance_for(real_before):
                 raise CheckFailed(
                     f"real queries changed by {difference:.3g} when only padded tokens "
-                    f"changed to {label} ({where(x.shape[1], mode, case)}): padding leaks "
-                    f"into the output"
+                    f"changed to {label} ({context}): padding leaks into the output"
                 )
 
 
@@ -152,21 +175,24 @@ def assert_causal(
     check_batch_independence).
     """
     arguments = list(inputs.values())
-    batch, n = arguments[0].shape[:2]
-    position = torch.arange(n)
+    batch, n = arguments[0].shape[:2]  # the queries
+    longest = max(t.shape[1] for t in arguments)
+    position = torch.arange(longest)
+    context = where(n, mode, case, _cross(arguments[1] if len(arguments) > 1 else None))
     noises = [
         10 * torch.randn(t.shape, generator=torch.Generator().manual_seed(11 + i)).to(t.dtype)
         for i, t in enumerate(arguments)
     ]
     with running(mode):
         before = module(*arguments, **case).output  # (B, N, E)
-    for cuts in _cuts(n, batch):
+    for cuts in _cuts(longest, batch):
         copies, rows = len(cuts), torch.tensor(list(cuts))
-        keep = position[None, :] <= rows[:, None]  # (copies, N): the past of each cut
+        past = position[None, :] <= rows[:, None]  # (copies, longest): each cut's past
+        keep = past[:, :n]  # (copies, N): the queries' past
         leaves = [
-            torch.where(keep[:, None, :, None], tensor, noise).requires_grad_(gradients)
-            for tensor, noise in zip(arguments, noises, strict=True)
-        ]  # each (copies, B, N, E)
+            torch.where(past[:, None, : t.shape[1], None], t, noise).requires_grad_(gradients)
+            for t, noise in zip(arguments, noises, strict=True)
+        ]  # each (copies, B, N or Nk, E)
         with torch.enable_grad() if gradients else running(mode):
             output = module(*(leaf.flatten(0, 1) for leaf in leaves), **_stacked_case(case, copies))
         after = output.output.unflatten(0, (copies, batch))  # (copies, B, N, E)
@@ -177,27 +203,27 @@ def assert_causal(
             raise CheckFailed(
                 f"output {spot} of batch element {element} changed by "
                 f"{difference.max().item():.3g} when the tokens after position {cuts[cut]} "
-                f"changed under is_causal=True ({where(n, mode, case)}): the variant leaks "
-                f"the future"
+                f"changed under is_causal=True ({context}): the variant leaks the future"
             )
         if not gradients:
             continue
-        selected = position[None, :] == rows[:, None]  # (copies, N): row t of copy t
+        selected = position[None, :n] == rows[:, None]  # (copies, N): row t of copy t
         upstream = torch.randn(after.shape, generator=torch.Generator().manual_seed(12))
         upstream = upstream.to(after.dtype) * selected[:, None, :, None]
         grads = torch.autograd.grad((after * upstream).sum(), leaves, allow_unused=True)
-        future_positions = position[None, :] > rows[:, None]  # (copies, N)
+        future_positions = position[None, :] > rows[:, None]  # (copies, longest)
         for name, grad in zip(inputs, grads, strict=True):
             if grad is None:
                 continue
-            future = grad.abs().amax(dim=-1).masked_fill(~future_positions[:, None, :], 0.0)
+            tokens = grad.shape[2]
+            future = grad.abs().amax(dim=-1)  # (copies, B, N or Nk)
+            future = future.masked_fill(~future_positions[:, None, :tokens], 0.0)
             if not (future == 0).all():
-                cut, element, token = _unravel(future, (copies, batch, n))
+                cut, element, token = _unravel(future, (copies, batch, tokens))
                 raise CheckFailed(
                     f"output {cuts[cut]} of batch element {element} has a non-zero gradient "
                     f"({future.max().item():.3g}) with respect to {name} token {token} under "
-                    f"is_causal=True ({where(n, mode, case)}): the future leaks through "
-                    f"backward"
+                    f"is_causal=True ({context}): the future leaks through backward"
                 )
 
 
