@@ -16,8 +16,13 @@ the hook), so a wrong layout fails with a message instead of deep inside a kerne
   tensors (b (B,1,1,1), h (1,H,1,1), q_idx (1,1,Nq,1), kv_idx (1,1,1,Nk)), so a mod written
   with torch operations (`score - slope[h] * (q_idx - kv_idx).abs()`) works unchanged; then
   a masked softmax. The oracle.
-- CPU fast path. With no mods and no padding, one SDPA call. A `relative_score_mod`
-  (score + g(h, kv − q)) without a `mask_mod` is evaluated once per relative position and
+- Structure. Whether a `score_mod` is relative (score + g(h, kv − q)) or additive
+  (score + f(b, h, q, kv)) is proven by tracing it (`mod_structure.trace_structure`, a
+  torch.fx graph read, not sampled values), or declared (`relative_score_mod`,
+  `additive_score_mod`, which override the trace); `score_mod_structure()` says which and
+  why. A mod that cannot be proven either keeps the general path.
+- CPU fast path. With no mods and no padding, one SDPA call. A relative `score_mod`
+  without a `mask_mod` is evaluated once per relative position and
   run by `kernels.relative_bias_attention` (a Toeplitz view; a fused backward for g),
   unless g is −inf somewhere (a query may then see no key: the blocked path finds it).
   Otherwise `kernels.mod_scheduler` runs blocks of queries: on every call, as
@@ -25,8 +30,7 @@ the hook), so a wrong layout fails with a message instead of deep inside a kerne
   each block can see (a mod may read state that changes between calls: document ids, a
   scheduled window), and keys outside it are never touched, so a window of w costs
   O(n·(w + block)) attention time and memory, plus O(n²) cheap evaluations of the rule
-  itself. Within a span, an additive `score_mod` (`additive_score_mod = True`: score +
-  f(b, h, q, kv)) is turned into a bias for fused SDPA; any other is applied to explicit
+  itself. Within a span, an additive `score_mod` is turned into a bias for fused SDPA; any other is applied to explicit
   block scores. Training memory stays O(n · block), and parameters used in `score_mod`
   get their gradients. FlexAttention has no CPU backward, which is why this path exists.
 - CUDA: `flex_attention` with `create_block_mask`, compiled, with the same methods
@@ -59,6 +63,7 @@ from playground.kernels import relative_bias_attention
 from playground.kernels.flex import flex_mod_attention
 from playground.kernels.mod_scheduler import ModScheduler, allowed_pairs, index_grid
 from playground.masks import masked_softmax, queries_without_keys
+from playground.mod_structure import ModStructure, trace_structure
 
 
 @dataclass(frozen=True)
@@ -197,9 +202,28 @@ class SoftmaxAttention(AttentionVariant):
     def _has_score_mod(self) -> bool:
         return type(self).score_mod is not SoftmaxAttention.score_mod
 
+    def score_mod_structure(self) -> ModStructure:
+        """Which path the `score_mod` takes and why: declared, or proven by trace (once per
+        module); "general" for a mod that is neither, or none."""
+        if not self._has_score_mod:
+            return ModStructure("general", "no score_mod")
+        if self.relative_score_mod:
+            return ModStructure("relative", "declared (relative_score_mod = True)")
+        if self.additive_score_mod:
+            return ModStructure("additive", "declared (additive_score_mod = True)")
+        traced = self.__dict__.get("_traced_structure")
+        if traced is None:
+            traced = trace_structure(self.score_mod)
+            self.__dict__["_traced_structure"] = traced
+        return traced
+
     @property
     def _additive(self) -> bool:
-        return self.additive_score_mod or self.relative_score_mod
+        return self.score_mod_structure().kind in ("additive", "relative")
+
+    @property
+    def _relative(self) -> bool:
+        return self.score_mod_structure().kind == "relative"
 
     @property
     def _has_mask_mod(self) -> bool:
@@ -368,21 +392,10 @@ class SoftmaxAttention(AttentionVariant):
         self, query, key, value, attention_mask, is_causal, need_weights
     ) -> AttentionOutput:
         empty: torch.Tensor | None  # (B, Nq, 1): the queries that see no key
-        if query.is_cuda:  # FlexAttention, given the variant's own methods
-            q, k, v = self._projected(query, key, value)  # (B, H, N, d)
-            context, empty = flex_mod_attention(
-                q,
-                k,
-                v,
-                self.score_mod if self._has_score_mod else None,
-                self.mask_mod if self._has_mask_mod else None,
-                attention_mask,
-                is_causal,
-                self.scale,
-            )
-            return AttentionOutput(self._output(context, query, empty), None)
+        if query.is_cuda:
+            return self._forward_flex(query, key, value, attention_mask, is_causal)
         scheduler = self._scheduler()
-        if self._has_score_mod and self.relative_score_mod and not self._has_mask_mod:
+        if self._has_score_mod and self._relative and not self._has_mask_mod:
             relative_bias = scheduler.score_per_offset(
                 self.num_heads, query.shape[1], key.shape[1], query
             )  # (H, Nq + Nk − 1)
@@ -405,6 +418,22 @@ class SoftmaxAttention(AttentionVariant):
                 return AttentionOutput(self._output(context, query, empty), None)
         q, k, v = self._projected(query, key, value)  # (B, H, N, d)
         context, empty = scheduler.attend(q, k, v, attention_mask, is_causal)
+        return AttentionOutput(self._output(context, query, empty), None)
+
+    def _forward_flex(self, query, key, value, attention_mask, is_causal) -> AttentionOutput:
+        """FlexAttention given the variant's own methods: compiled on CUDA (the fast path
+        there), eager on the CPU (how the test suite runs it without a GPU)."""
+        q, k, v = self._projected(query, key, value)  # (B, H, N, d)
+        context, empty = flex_mod_attention(
+            q,
+            k,
+            v,
+            self.score_mod if self._has_score_mod else None,
+            self.mask_mod if self._has_mask_mod else None,
+            attention_mask,
+            is_causal,
+            self.scale,
+        )
         return AttentionOutput(self._output(context, query, empty), None)
 
     # --- decoding: a key/value cache, the mods evaluated at the kept positions ----------

@@ -22,6 +22,7 @@ from playground.errors import PlaygroundError, UnsupportedFeature
 from playground.hf.support import bridges
 from playground.registry import Registry
 from playground.run.decode import prefilled
+from playground.softmax_attention import SoftmaxAttention
 from playground.testing import CHECKS, iter_cases
 
 
@@ -57,6 +58,9 @@ def command_info(registry: Registry, arguments: argparse.Namespace) -> int:
     flops = cls.flops(4096, 4096, 512, 8, **dataclasses.asdict(cls.Config()))
     console.print(f"flops at n=4096, d_model=512, 8 heads: {flops / 1e9:.1f} GFLOP per sequence")
     console.print(f"decoding state at d_model=512, 8 heads: {escape(state_size(registry, cls))}")
+    if issubclass(cls, SoftmaxAttention):
+        structure = registry.build(cls.name, 512, 8).score_mod_structure()
+        console.print(f"score_mod path: {escape(str(structure))}")
     for line in bridges(cls):
         console.print(f"transformers bridge, {escape(line)}")
     table = Table(title=f"options of {cls.name} (playground.build({cls.name!r}, **options))")

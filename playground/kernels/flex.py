@@ -1,13 +1,17 @@
-"""Mod attention on CUDA: compiled `flex_attention` with a block mask built from
-`mask_mod`, causality and the padding mask (torch.nn.attention.flex_attention)."""
+"""Mod attention through `flex_attention` with a block mask built from `mask_mod`,
+causality and the padding mask (torch.nn.attention.flex_attention): compiled on CUDA,
+SoftmaxAttention's fast path there; eager elsewhere, which is how the test suite runs this
+path on a machine without a GPU (this torch compiles CPU flex for inference only, without
+the log-sum-exp the empty rows are found from)."""
 
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 
 import torch
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 
 
 def flex_mod_attention(
@@ -34,16 +38,19 @@ def flex_mod_attention(
         return allowed
 
     block_mask = create_block_mask(allowed, batch, heads, n_q, n_k, device=q.device)
-    context, log_sum_exp = _compiled_flex_attention()(
-        q,
-        k,
-        v,
-        score_mod=score_mod,
-        block_mask=block_mask,
-        scale=scale,
-        return_lse=True,
-    )  # (B, H, Nq, d), (B, H, Nq); a query that sees nothing gets 0 and lse −inf
-    return context, torch.isneginf(log_sum_exp).all(dim=1)[..., None]
+    attend = _compiled_flex_attention() if q.is_cuda else flex_attention
+    with warnings.catch_warnings():  # eager off CUDA is chosen, not forgotten
+        warnings.filterwarnings("ignore", "flex_attention called without torch.compile")
+        context, aux = attend(
+            q,
+            k,
+            v,
+            score_mod=score_mod,
+            block_mask=block_mask,
+            scale=scale,
+            return_aux=AuxRequest(lse=True),
+        )  # (B, H, Nq, d), lse (B, H, Nq); a query that sees nothing gets 0 and lse −inf
+    return context, torch.isneginf(aux.lse).all(dim=1)[..., None]
 
 
 @functools.cache

@@ -51,6 +51,7 @@ from playground.run.measure import (
 )
 from playground.run.seeds import SeedLane, SeedOutcome, SeedTask
 from playground.run.spec import DECODE, Spec
+from playground.softmax_attention import SoftmaxAttention
 
 BACKWARD_FLOPS_FACTOR = 3
 """forward + backward ≈ 3 × forward FLOPs (the backward computes two products per
@@ -313,6 +314,8 @@ class Measurer:
         )
         run_pass = Workload(module, tokens, cell.pass_name)
         fields: dict[str, Any] = {}
+        if isinstance(module, SoftmaxAttention):  # which path its score_mod takes, and why
+            fields["score_mod_path"] = str(module.score_mod_structure())
         flops = spec.batch_size * module.count_flops(cell.seq_len, cell.seq_len)
         if cell.pass_name == "forward_backward":
             flops *= BACKWARD_FLOPS_FACTOR
