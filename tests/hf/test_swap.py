@@ -253,3 +253,19 @@ def test_fewer_key_value_heads_than_the_model_start_new_and_keep_the_rotation():
         prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6, do_sample=False
     )
     assert torch.equal(generated, greedy_by_rerunning(model, prompt, 6))
+
+
+def test_generation_with_a_variant_that_cannot_decode_says_why():
+    """A causal variant that declares it cannot decode runs the model's forward (with a
+    cache too: the first call is a plain forward), and the first generation step raises
+    its reason instead of recomputing silently."""
+    from tests.broken_variants import NO_DECODING_HINT, DeclaresNoDecoding
+
+    model = build(transformers.LlamaForCausalLM, llama_config(), "sdpa")
+    playground.hf.swap_attention(model, DeclaresNoDecoding)
+    prompt = tokens(1, 5)
+    with torch.no_grad():
+        assert model(prompt).logits.shape == (1, 5, VOCAB)
+    with pytest.raises(playground.UnsupportedFeature, match="decoding in this model") as refused:
+        model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=3)
+    assert NO_DECODING_HINT in str(refused.value)
