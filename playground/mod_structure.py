@@ -46,14 +46,26 @@ class ModStructure:
         return f"{self.kind}: {self.reason}"
 
 
-def trace_structure(score_mod: Callable[..., torch.Tensor]) -> ModStructure:
-    """The structure of `score_mod(score, b, h, q_idx, kv_idx)`, read from its fx graph."""
+class _Traced(torch.nn.Module):
+    """The mod as a module's forward, its owner a submodule: the owner's parameters and
+    buffers are then members of the traced root, which fx requires of parameters."""
 
-    def mod(score, b, h, q_idx, kv_idx):  # a plain function of the five arguments
-        return score_mod(score, b, h, q_idx, kv_idx)
+    def __init__(self, score_mod: Callable[..., torch.Tensor], owner: torch.nn.Module | None):
+        super().__init__()
+        self.owner = owner
+        self.score_mod = score_mod
 
+    def forward(self, score, b, h, q_idx, kv_idx):
+        return self.score_mod(score, b, h, q_idx, kv_idx)
+
+
+def trace_structure(
+    score_mod: Callable[..., torch.Tensor], owner: torch.nn.Module | None = None
+) -> ModStructure:
+    """The structure of `score_mod(score, b, h, q_idx, kv_idx)`, read from its fx graph;
+    `owner`: the module whose parameters and buffers the mod reads (a bound method's)."""
     try:
-        graph = torch.fx.symbolic_trace(mod).graph
+        graph = torch.fx.symbolic_trace(_Traced(score_mod, owner)).graph
     except Exception as error:  # Python control flow on a tensor, an untraceable call
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
         return ModStructure("general", f"not traceable ({type(error).__name__}: {first[:80]})")

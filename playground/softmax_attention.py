@@ -213,7 +213,7 @@ class SoftmaxAttention(AttentionVariant):
             return ModStructure("additive", "declared (additive_score_mod = True)")
         traced = self.__dict__.get("_traced_structure")
         if traced is None:
-            traced = trace_structure(self.score_mod)
+            traced = trace_structure(self.score_mod, owner=self)
             self.__dict__["_traced_structure"] = traced
         return traced
 

@@ -112,3 +112,24 @@ def test_mods_that_would_fool_a_sampler_stay_correct(variant):
     assert structure.kind != "relative" or variant is UndeclaredAlibi
     report = check_attention(variant, checks=[check_fast_matches_reference])
     assert report.ok, report.failures
+
+
+class LearnedBiasPerKey(SoftmaxAttention):
+    name = "test_learned_bias_per_key"
+    summary = paper = "test"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.key_bias = torch.nn.Parameter(0.1 * torch.randn(512))
+
+    def score_mod(self, score, b, h, q_idx, kv_idx):
+        return score + self.key_bias[kv_idx]
+
+
+def test_a_mod_reading_the_modules_own_parameter_is_traced():
+    """fx refuses a parameter that is not a member of the traced root: the module is its
+    owner, so a learned bias is read, not a reason to give up."""
+    structure = LearnedBiasPerKey(32, 4).score_mod_structure()
+    assert (
+        str(structure) == "additive: proven by trace; not relative: q_idx and kv_idx appear apart"
+    )
