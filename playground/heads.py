@@ -1,5 +1,6 @@
 """Shared plumbing of multi-head attention: projections, splitting and merging heads,
-the output projection with queries that see nothing set to zero, and the FLOPs of both.
+the output projection with queries that see nothing set to zero, the FLOPs of both, and
+the key/value cache a variant with these projections decodes with.
 
 Every variant that has the contract's standard projections (`q_proj`, `k_proj`, `v_proj`,
 `out_proj`, each an `nn.Linear(d_model, d_model)`) uses these instead of its own copy, so
@@ -12,6 +13,8 @@ from typing import cast
 
 import torch
 from torch import nn
+
+from playground.decoding import TokenCache
 
 
 def add_projections(module: nn.Module, d_model: int, bias: bool = True) -> None:
@@ -61,6 +64,20 @@ def project_output(
     if empty is None:
         return out_proj(merged)
     return out_proj(merged.masked_fill(empty, 0.0)).masked_fill(empty, 0.0)
+
+
+def prefill_key_value_cache(
+    module: nn.Module,
+    prompt: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    max_length: int | None,
+) -> tuple[torch.Tensor, TokenCache]:
+    """`prefill_state` for a variant whose decoding state is the keys and values of its
+    standard projections (`project_heads`): the prompt's causal outputs, and a key/value
+    cache of it. A plugin assigns it: `prefill_state = prefill_key_value_cache`."""
+    output = module(prompt, attention_mask=attention_mask, is_causal=True).output
+    _, k, v = project_heads(module, prompt, prompt, prompt)  # (B, H, P, d)
+    return output, TokenCache.of_prompt(prompt, attention_mask, max_length, keys=k, values=v)
 
 
 def projection_flops(n_q: int, n_k: int, d_model: int) -> float:

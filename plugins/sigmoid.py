@@ -33,10 +33,10 @@ from torch.utils.checkpoint import checkpoint
 
 import playground
 from playground import AttentionOutput, AttentionVariant, Capabilities, VariantConfig
-from playground.decoding import TokenCache
 from playground.heads import (
     add_projections,
     attention_flops,
+    prefill_key_value_cache,
     project_heads,
     project_output,
     projection_flops,
@@ -139,11 +139,7 @@ class SigmoidAttention(AttentionVariant):
         return AttentionOutput(project_output(self, torch.cat(contexts, dim=2), empty), None)
 
     # --- decoding: a key/value cache ---------------------------------------------------
-    def prefill_state(self, prompt, attention_mask, max_length):
-        output = self(prompt, attention_mask=attention_mask, is_causal=True).output
-        _, k, v = project_heads(self, prompt, prompt, prompt)  # (B, H, P, d)
-        cache = TokenCache.of_prompt(prompt, attention_mask, max_length, keys=k, values=v)
-        return output, cache
+    prefill_state = prefill_key_value_cache  # the prompt's outputs; its k and v cached
 
     def step_state(self, token, state):
         q, k, v = project_heads(self, token, token, token)  # (B, H, 1, d)

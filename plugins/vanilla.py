@@ -28,10 +28,11 @@ import torch.nn.functional as F
 
 import playground
 from playground import AttentionOutput, AttentionVariant, Capabilities, VariantConfig
-from playground.decoding import TokenCache, cached_attention
+from playground.decoding import cached_attention
 from playground.heads import (
     add_projections,
     attention_flops,
+    prefill_key_value_cache,
     project_heads,
     project_output,
     projection_flops,
@@ -100,11 +101,7 @@ class VanillaAttention(AttentionVariant):
         return AttentionOutput(project_output(self, mixed, empty_query_rows(allowed)), None)
 
     # --- decoding: a key/value cache ---------------------------------------------------
-    def prefill_state(self, prompt, attention_mask, max_length):
-        output = self(prompt, attention_mask=attention_mask, is_causal=True).output
-        _, k, v = project_heads(self, prompt, prompt, prompt)  # (B, H, P, d)
-        cache = TokenCache.of_prompt(prompt, attention_mask, max_length, keys=k, values=v)
-        return output, cache
+    prefill_state = prefill_key_value_cache  # the prompt's outputs; its k and v cached
 
     def step_state(self, token, state):
         q, k, v = project_heads(self, token, token, token)  # (B, H, 1, d)

@@ -11,6 +11,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 VOCAB = 64
+TOLERANCES = {torch.float32: 1e-5, torch.float64: 1e-10}
+"""What the bridge must agree with HF to, where the math is the same."""
 
 
 def llama_config(**changes) -> transformers.LlamaConfig:

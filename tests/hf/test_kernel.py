@@ -13,6 +13,7 @@ import playground
 import playground.hf
 from playground.hf.kernel import BridgedAttention
 from tests.hf.models import (
+    TOLERANCES,
     bert_config,
     build,
     gpt2_config,
@@ -24,7 +25,6 @@ from tests.hf.models import (
     transformers,
 )
 
-TOLERANCES = {torch.float32: 1e-5, torch.float64: 1e-10}
 KERNEL_VARIANTS = {
     "vanilla": {},
     "gqa": {},

@@ -14,6 +14,7 @@ import playground.hf
 from playground.hf.swap import SUPPORTED, SwappedAttention
 from playground.tasks.lm.corpus import load_corpus
 from tests.hf.models import (
+    TOLERANCES,
     VOCAB,
     bert_config,
     build,
@@ -26,7 +27,6 @@ from tests.hf.models import (
     transformers,
 )
 
-TOLERANCES = {torch.float32: 1e-5, torch.float64: 1e-10}
 ROTATED_BY_FLOAT32 = 1e-5
 """HF's rotary embedding forms cos and sin in float32 whatever the model's dtype, and rope
 in float64 forms them in float64: a float64 model agrees to float32's precision only."""
