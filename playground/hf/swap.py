@@ -147,6 +147,12 @@ class SwappedAttention(nn.Module):
         self, hidden: torch.Tensor, attention_mask: torch.Tensor | None, cache: Any
     ) -> torch.Tensor:
         """The first call on `cache` prefills the variant's state; later ones step it."""
+        if type(cache).__name__ != "DynamicCache":
+            raise InvalidInput(
+                f"a swapped attention module keeps its own decoding state and needs HF's "
+                f"DynamicCache (the default of generate()); got a {type(cache).__name__}: "
+                "leave cache_implementation unset"
+            )
         states = cache.__dict__.setdefault(STATES, {})
         n = hidden.shape[1]
         if self.layer_idx not in states:
@@ -268,6 +274,16 @@ def _options(cls: type[AttentionVariant], config: Any, kind: str, options: dict)
 
 
 def _refuse_model_features(config: Any, kind: str, cls: type[AttentionVariant]) -> None:
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    if head_dim * heads != config.hidden_size:
+        raise UnsupportedFeature(
+            cls.name,
+            f"a model whose heads ({heads} of {head_dim}) do not span its width "
+            f"({config.hidden_size})",
+            "a variant's heads split d_model; register it at kernel level instead "
+            "(playground.hf.register), which takes the model's own q, k and v",
+        )
     if getattr(config, "sliding_window", None) is not None and (
         kind == "mistral" or getattr(config, "use_sliding_window", False)
     ):
@@ -297,6 +313,11 @@ def swap_attention(
     require()
     kind = _architecture(model)
     config: Any = model.config
+    if any(isinstance(module, SwappedAttention) for module in model.modules()):
+        raise InvalidInput(
+            "this model's attention is already swapped; build the model again (or from a "
+            "copy made before the swap) to swap in another variant"
+        )
     cls = variant_class(name)
     name = cls.name
     _refuse_model_features(config, kind, cls)

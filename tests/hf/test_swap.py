@@ -269,3 +269,29 @@ def test_generation_with_a_variant_that_cannot_decode_says_why():
     with pytest.raises(playground.UnsupportedFeature, match="decoding in this model") as refused:
         model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=3)
     assert NO_DECODING_HINT in str(refused.value)
+
+
+def test_a_model_swapped_twice_is_refused():
+    model = build(transformers.LlamaForCausalLM, llama_config(), "sdpa")
+    playground.hf.swap_attention(model, "vanilla")
+    with pytest.raises(playground.InvalidInput, match="already swapped"):
+        playground.hf.swap_attention(model, "linear")
+
+
+def test_heads_that_do_not_span_the_width_are_refused_towards_the_kernel_level():
+    model = build(transformers.LlamaForCausalLM, llama_config(head_dim=16), "sdpa")
+    with pytest.raises(playground.UnsupportedFeature, match=r"do not span its width"):
+        playground.hf.swap_attention(model, "vanilla")
+
+
+def test_a_static_cache_is_refused_with_what_to_do():
+    model = build(transformers.LlamaForCausalLM, llama_config(), "sdpa")
+    playground.hf.swap_attention(model, "vanilla")
+    prompt = tokens(1, 5)
+    with pytest.raises(playground.InvalidInput, match="DynamicCache"):
+        model.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=3,
+            cache_implementation="static",
+        )
