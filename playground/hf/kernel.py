@@ -101,17 +101,29 @@ class BridgedAttention:
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
         allowed = allowed_pairs(attention_mask, n_q, n_k, bool(causal), query.device)
         kv_idx = torch.arange(n_k, device=query.device)
+        first = query_slot(allowed, n_q, n_k) if causal else n_k - n_q
         context = self.variant_for(heads, width, query.device).attend_heads(
             query,
             key,
             value,
             allowed,
             scale=width**-0.5 if scaling is None else scaling,
-            q_idx=kv_idx[n_k - n_q :],
+            q_idx=kv_idx[first : first + n_q],
             kv_idx=kv_idx,
             dropout=dropout if module.training else 0.0,
         )  # (B, H, Nq, d)
         return context.transpose(1, 2).contiguous(), None
+
+
+def query_slot(allowed: torch.Tensor | None, n_q: int, n_k: int) -> int:
+    """The cache slot of the first of Nq causal queries over Nk key slots: the last Nq of
+    them in a cache that grows (DynamicCache), or, in one allocated ahead (StaticCache,
+    its unwritten slots masked), where the last query sees its own, latest key."""
+    if allowed is None or n_q >= n_k:
+        return n_k - n_q
+    seen = allowed[..., -1, :].flatten(0, -2).any(dim=0)  # (Nk,): seen by the last query
+    latest = int(seen.nonzero().max()) if bool(seen.any()) else n_k - 1
+    return latest - (n_q - 1)
 
 
 def mask_without_shortcuts(*args: Any, **kwargs: Any) -> torch.Tensor | None:

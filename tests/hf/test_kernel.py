@@ -243,3 +243,20 @@ def test_playground_info_says_which_bridges_a_variant_supports(name, kernel, fam
     assert main(["info", name]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "kernel level" in out and kernel in out and families in out
+
+
+@pytest.mark.parametrize("name", ["alibi", "rope"])
+def test_a_static_cache_decodes_at_the_right_positions(name):
+    """A StaticCache hands the function every preallocated slot, the unwritten ones
+    masked: the queries' positions come from the mask, so a position-dependent mod gives
+    the logits of the forward without a cache, for the prompt and for each next token."""
+    implementation = playground.hf.register(name)
+    model = build(transformers.LlamaForCausalLM, llama_config(), implementation)
+    ids = tokens(2, 8)
+    cache = transformers.StaticCache(config=model.config, max_cache_len=16)
+    with torch.no_grad():
+        expected = model(ids).logits
+        prompt = model(ids[:, :5], cache=cache, use_cache=True).logits
+        steps = [model(ids[:, t : t + 1], cache=cache, use_cache=True).logits for t in range(5, 8)]
+    got = torch.cat([prompt, *steps], dim=1)
+    assert (got - expected).abs().max() < 1e-5
