@@ -9,7 +9,8 @@ implementation, and causality is lost silently (transformers issue #46132).
 
 The function calls the variant's `attend_heads` with the model's q, k and v, its mask (in
 any of the forms `masks.allowed_pairs` reads), its scaling and dropout, and the positions
-of the keys in the model's cache (0 … Nk − 1, the queries the last Nq of them), which is
+of the keys in the model's cache (0 … Nk − 1; the queries the last Nq of a growing
+cache, or, in one allocated ahead, up to the latest slot the last query sees), which is
 what relative mods and rotations read. The model's projections are used; the variant's own
 are dropped, so it adds no parameter: a variant that learns anything beyond its
 projections (ALiBi with learned slopes, a gate) has nowhere to keep it at this level and
