@@ -41,6 +41,9 @@ class ModStructure:
 
     kind: Kind
     reason: str
+    bias_reads: frozenset[str] = frozenset(ARGUMENTS[1:])
+    """What an additive mod's bias reads of b, h, q_idx and kv_idx (all of them, unless a
+    trace proved less): a bias that never reads q_idx is one row per key."""
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.reason}"
@@ -82,13 +85,12 @@ def trace_structure(
         return ModStructure("general", "the mod returns the score unchanged")
     bias_reads = _bias_reads(output, score, reads)
     if "b" in bias_reads:
-        return ModStructure("additive", "proven by trace; not relative: it reads b")
+        return ModStructure("additive", "proven by trace; not relative: it reads b", bias_reads)
     difference = _only_as_difference(inputs["q_idx"], inputs["kv_idx"])
     if not difference:
-        return ModStructure(
-            "additive", "proven by trace; not relative: q_idx and kv_idx appear apart"
-        )
-    return ModStructure("relative", "proven by trace")
+        reason = "proven by trace; not relative: q_idx and kv_idx appear apart"
+        return ModStructure("additive", reason, bias_reads)
+    return ModStructure("relative", "proven by trace", bias_reads)
 
 
 def _reads(graph: torch.fx.Graph) -> dict[torch.fx.Node, frozenset[str]]:

@@ -30,7 +30,9 @@ the hook), so a wrong layout fails with a message instead of deep inside a kerne
   each block can see (a mod may read state that changes between calls: document ids, a
   scheduled window), and keys outside it are never touched, so a window of w costs
   O(n·(w + block)) attention time and memory, plus O(n²) cheap evaluations of the rule
-  itself. Within a span, an additive `score_mod` is turned into a bias for fused SDPA; any other is applied to explicit
+  itself. An additive bias that never reads q_idx (one row per key) skips the blocks:
+  `kernels.key_bias_attention` folds it into the keys, one fused call. Within a span, an
+  additive `score_mod` is turned into a bias for fused SDPA; any other is applied to explicit
   block scores. Training memory stays O(n · block), and parameters used in `score_mod`
   get their gradients. FlexAttention has no CPU backward, which is why this path exists.
 - CUDA: `flex_attention` with `create_block_mask`, compiled, with the same methods
@@ -61,6 +63,7 @@ from playground.heads import (
 )
 from playground.kernels import relative_bias_attention
 from playground.kernels.flex import flex_mod_attention
+from playground.kernels.key_bias import key_bias_attention
 from playground.kernels.mod_scheduler import ModScheduler, allowed_pairs, index_grid
 from playground.masks import masked_softmax, queries_without_keys
 from playground.mod_structure import ModStructure, trace_structure
@@ -224,6 +227,12 @@ class SoftmaxAttention(AttentionVariant):
     @property
     def _relative(self) -> bool:
         return self.score_mod_structure().kind == "relative"
+
+    @property
+    def _per_key(self) -> bool:
+        """An additive mod whose bias never reads q_idx: one row per key."""
+        structure = self.score_mod_structure()
+        return structure.kind == "additive" and "q_idx" not in structure.bias_reads
 
     @property
     def _has_mask_mod(self) -> bool:
@@ -417,6 +426,19 @@ class SoftmaxAttention(AttentionVariant):
                 empty = queries_without_keys(attention_mask, n_q, n_k, is_causal)  # (B, Nq, 1)
                 return AttentionOutput(self._output(context, query, empty), None)
         q, k, v = self._projected(query, key, value)  # (B, H, N, d)
+        if self._has_score_mod and self._per_key and not self._has_mask_mod:
+            # A bias that never reads q_idx: one row per key, folded into the keys.
+            b, h, q_idx, kv_idx = index_grid(
+                q.shape[0],
+                self.num_heads,
+                torch.zeros(1, dtype=torch.long, device=q.device),
+                torch.arange(k.shape[2], device=q.device),
+            )
+            bias = self._scores(torch.zeros((), device=q.device), b, h, q_idx, kv_idx)
+            if bool(bias.isfinite().all()):  # −inf hides keys: the blocked path handles it
+                context = key_bias_attention(q, k, v, bias, attention_mask, is_causal, self.scale)
+                empty = queries_without_keys(attention_mask, q.shape[2], k.shape[2], is_causal)
+                return AttentionOutput(self._output(context, query, empty), None)
         context, empty = scheduler.attend(q, k, v, attention_mask, is_causal)
         return AttentionOutput(self._output(context, query, empty), None)
 

@@ -133,3 +133,58 @@ def test_a_mod_reading_the_modules_own_parameter_is_traced():
     assert (
         str(structure) == "additive: proven by trace; not relative: q_idx and kv_idx appear apart"
     )
+
+
+def test_a_bias_per_key_is_folded_into_the_keys(monkeypatch):
+    """A traced additive bias that never reads q_idx takes kernels.key_bias_attention:
+    one fused call, the bias a coordinate of the keys; it equals the reference, and the
+    bias gets its gradient."""
+    import playground.softmax_attention as softmax_module
+
+    calls = []
+    original = softmax_module.key_bias_attention
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(softmax_module, "key_bias_attention", counted)
+    module = LearnedBiasPerKey(32, 4).double()
+    assert "q_idx" not in module.score_mod_structure().bias_reads
+    x = torch.randn(2, 20, 32, dtype=torch.float64)
+    mask = torch.ones(2, 20, dtype=torch.bool)
+    mask[1, :5] = False
+    fast = module(x, attention_mask=mask, is_causal=True).output
+    reference = module.forward_reference(x, x, x, mask, True, False).output
+    assert calls and (fast - reference).abs().max() < 1e-10
+    fast.sum().backward()
+    assert module.key_bias.grad is not None and module.key_bias.grad[:20].abs().max() > 0
+
+
+@pytest.mark.parametrize("check_name", ["check_fast_matches_reference", "check_float64"])
+def test_the_key_bias_path_passes_the_suite(check_name):
+    from playground.testing import CHECKS
+
+    check = next(check for check in CHECKS if check.__name__ == check_name)
+    report = check_attention(LearnedBiasPerKey, checks=[check])
+    assert report.ok, report.failures
+
+
+class HidesKeysByBias(SoftmaxAttention):
+    """A per-key bias of −inf on even keys: not folded (−inf in a key would poison the
+    product), the blocked path runs it."""
+
+    name = "test_hides_keys_by_bias"
+    summary = paper = "test"
+
+    def score_mod(self, score, b, h, q_idx, kv_idx):
+        return score + torch.where(kv_idx % 2 == 0, float("-inf"), 0.0)
+
+
+def test_a_bias_that_hides_keys_is_not_folded_and_stays_right():
+    module = HidesKeysByBias(32, 4).double().eval()
+    x = torch.randn(2, 9, 32, dtype=torch.float64)
+    with torch.no_grad():
+        fast = module(x).output
+        reference = module.forward_reference(x, x, x, None, False, False).output
+    assert (fast - reference).abs().max() < 1e-10
