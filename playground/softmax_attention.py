@@ -434,7 +434,8 @@ class SoftmaxAttention(AttentionVariant):
                 torch.zeros(1, dtype=torch.long, device=q.device),
                 torch.arange(k.shape[2], device=q.device),
             )
-            bias = self._scores(torch.zeros((), device=q.device), b, h, q_idx, kv_idx)
+            zero = torch.zeros((), dtype=q.dtype, device=q.device)  # the scores' precision
+            bias = self._scores(zero, b, h, q_idx, kv_idx)
             if bool(bias.isfinite().all()):  # −inf hides keys: the blocked path handles it
                 context = key_bias_attention(q, k, v, bias, attention_mask, is_causal, self.scale)
                 empty = queries_without_keys(attention_mask, q.shape[2], k.shape[2], is_causal)

@@ -7,8 +7,10 @@ the trace's verdict, timed in one process against the machine's GEMM rate.
     python -m tests.benchmarks.score_mod_paths --pass forward_backward --seq-len 2048
 
 fp32, batch 1, d_model 512, 8 heads, on --threads (default 2). Efficiency is the pass's
-FLOPs (`count_flops`, ×3 with the backward) over its median time, over the GEMM rate
-measured in the same process.
+FLOPs over its median time, over the GEMM rate measured in the same process: the
+projections and the attention over the (query, key) pairs the variant's `mask_mod`
+allows (all of them without one), ×3 with the backward. Counting every pair for a mod
+that keeps a band would put a banded pass above the GEMM rate.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from rich.table import Table
 
 import playground
 from playground import SoftmaxAttention
+from playground.heads import attention_flops, projection_flops
+from playground.kernels.mod_scheduler import index_grid
 from playground.run.measure import gemm_flops_per_second, time_call, using_threads
 
 README = Path(__file__).parents[2] / "README.md"
@@ -76,6 +80,18 @@ def readme_example() -> type[SoftmaxAttention]:
     return example
 
 
+def pass_flops(module: SoftmaxAttention, n: int) -> float:
+    """FLOPs of one forward over n tokens: projections, and attention over the pairs the
+    module's mask_mod allows (averaged over heads)."""
+    if not module._has_mask_mod:
+        return module.count_flops(n, n)
+    positions = torch.arange(n)
+    b, h, q_idx, kv_idx = index_grid(1, module.num_heads, positions, positions)
+    allowed = module._mask(b, h, q_idx, kv_idx)  # (1, H or 1, n, n)
+    pairs = float(allowed.sum()) / allowed.shape[1]
+    return projection_flops(n, n, module.d_model) + attention_flops(pairs, module.d_model)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq-len", type=int, default=4096)
@@ -107,7 +123,7 @@ def main() -> None:
 
         with using_threads(arguments.threads):
             timing = time_call(run, min_run_time=1.0, threads=arguments.threads, min_runs=3)
-        flops = module.count_flops(n, n) * (3 if training else 1)
+        flops = pass_flops(module, n) * (3 if training else 1)
         efficiency = flops / timing.median_s / gemm
         table.add_row(
             label,
