@@ -21,6 +21,7 @@ be proven keeps the general path, which is correct for any mod.
 
 from __future__ import annotations
 
+import inspect
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,13 +63,37 @@ class _Traced(torch.nn.Module):
         return self.score_mod(score, b, h, q_idx, kv_idx)
 
 
+def trace_mod(
+    mod: Callable[..., torch.Tensor], owner: torch.nn.Module | None = None
+) -> torch.fx.GraphModule:
+    """`mod` (a score_mod, or a mask_mod: its arguments are then b, h, q_idx and kv_idx)
+    as a torch.fx graph over symbolic arguments; `owner`'s parameters and buffers are the
+    graph's attributes. Plain values the mod reads (a float option, an int attribute) are
+    constants of this trace: trace again when they may have changed."""
+    if _arity(mod) == 4:
+        return torch.fx.symbolic_trace(_TracedMask(mod, owner))
+    return torch.fx.symbolic_trace(_Traced(mod, owner))
+
+
+def _arity(mod: Callable[..., torch.Tensor]) -> int:
+    try:
+        return len(inspect.signature(mod).parameters)
+    except (TypeError, ValueError):
+        return len(ARGUMENTS)
+
+
+class _TracedMask(_Traced):
+    def forward(self, b, h, q_idx, kv_idx):
+        return self.score_mod(b, h, q_idx, kv_idx)
+
+
 def trace_structure(
     score_mod: Callable[..., torch.Tensor], owner: torch.nn.Module | None = None
 ) -> ModStructure:
     """The structure of `score_mod(score, b, h, q_idx, kv_idx)`, read from its fx graph;
     `owner`: the module whose parameters and buffers the mod reads (a bound method's)."""
     try:
-        graph = torch.fx.symbolic_trace(_Traced(score_mod, owner)).graph
+        graph = trace_mod(score_mod, owner).graph
     except Exception as error:  # Python control flow on a tensor, an untraceable call
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
         return ModStructure("general", f"not traceable ({type(error).__name__}: {first[:80]})")

@@ -31,7 +31,11 @@ the hook), so a wrong layout fails with a message instead of deep inside a kerne
   scheduled window), and keys outside it are never touched, so a window of w costs
   O(n·(w + block)) attention time and memory, plus O(n²) cheap evaluations of the rule
   itself. An additive bias that never reads q_idx (one row per key) skips the blocks:
-  `kernels.key_bias_attention` folds it into the keys, one fused call. Within a span, an
+  `kernels.key_bias_attention` folds it into the keys, one fused call. In float32 with
+  the native kernels built, an additive `score_mod` and `mask_mod` whose bias needs no
+  gradient are lowered to a program (`kernels.mod_program`) that the native blocked
+  kernels evaluate per row, in cache, forward and backward: no bias is stored, and a
+  relative one needs no Toeplitz view. Otherwise, within a span, an
   additive `score_mod` is turned into a bias for fused SDPA; any other is applied to explicit
   block scores. Training memory stays O(n · block), and parameters used in `score_mod`
   get their gradients. FlexAttention has no CPU backward, which is why this path exists.
@@ -43,6 +47,7 @@ the hook), so a wrong layout fails with a message instead of deep inside a kerne
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -64,7 +69,9 @@ from playground.heads import (
 from playground.kernels import relative_bias_attention
 from playground.kernels.flex import flex_mod_attention
 from playground.kernels.key_bias import key_bias_attention
-from playground.kernels.mod_scheduler import ModScheduler, allowed_pairs, index_grid
+from playground.kernels.mod_grid import allowed_pairs, index_grid
+from playground.kernels.mod_program import lower
+from playground.kernels.mod_scheduler import ModScheduler
 from playground.masks import masked_softmax, queries_without_keys
 from playground.mod_structure import ModStructure, trace_structure
 
@@ -404,7 +411,12 @@ class SoftmaxAttention(AttentionVariant):
         if query.is_cuda:
             return self._forward_flex(query, key, value, attention_mask, is_causal)
         scheduler = self._scheduler()
-        if self._has_score_mod and self._relative and not self._has_mask_mod:
+        batch, n_q, n_k = query.shape[0], query.shape[1], key.shape[1]
+        program = scheduler.lowered(
+            batch, self.num_heads, n_q, n_k, attention_mask, is_causal, query
+        )
+        # A relative bias the native kernels can evaluate per row needs no Toeplitz view.
+        if self._has_score_mod and self._relative and not self._has_mask_mod and program is None:
             relative_bias = scheduler.score_per_offset(
                 self.num_heads, query.shape[1], key.shape[1], query
             )  # (H, Nq + Nk − 1)
@@ -539,12 +551,16 @@ class SoftmaxAttention(AttentionVariant):
     def _scheduler(self) -> ModScheduler:
         """This call's CPU block schedule, over the checked mods (`_scores`, `_mask`), so a
         wrong result fails naming the hook on every path."""
+        score_mod = self.score_mod if self._has_score_mod else None
+        mask_mod = self.mask_mod if self._has_mask_mod else None
+        lowerable = score_mod is None or self._additive
         return ModScheduler(
             score_mod=self._scores if self._has_score_mod else None,
             mask_mod=self._mask if self._has_mask_mod else None,
             additive=self._additive,
             scale=self.scale,
             block_size=self.config.block_size,
+            program=functools.partial(lower, score_mod, mask_mod, self) if lowerable else None,
         )
 
 

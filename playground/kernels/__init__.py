@@ -16,8 +16,10 @@ One kernel and its autograd function per module:
 Beneath them, `common` holds what the fast paths share (`transforms_active`, the hand-over
 to torch's own operations under create_graph=True) and `reference` the dense oracles, which
 the fast paths also recompute through; `native` builds and loads the C++ kernels. Above
-them, `mod_scheduler` (`SoftmaxAttention`'s CPU block scheduler) and `flex` (its CUDA
-flex_attention path) are imported from their modules, not re-exported here.
+them, `mod_scheduler` (`SoftmaxAttention`'s CPU block scheduler, over `mod_grid`'s calling
+convention), `mod_program` (a mod's bias lowered to instructions the native blocked
+kernels run per row; `program_builder` and `program_operations` beneath it) and `flex`
+(its CUDA flex_attention path) are imported from their modules, not re-exported here.
 
 All are differentiable (twice, through torch's own operations under create_graph=True),
 built on torch's fused attention kernels and `native`'s.

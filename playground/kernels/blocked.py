@@ -1,9 +1,11 @@
 """`blocked_attention`: blocks of queries, each over its own span of keys with a mask; on
-CPU one fused forward and one fused backward (`_FlashBlocks`) over all of them."""
+CPU one fused forward and one fused backward (`_FlashBlocks`) over all of them.
+`program_attention`: the same blocks with each row's bias computed in the native kernels
+by a mod program (`_ProgramBlocks`), never stored."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +17,7 @@ from playground.kernels.common import (
     rows_unit_stride,
     transforms_active,
 )
+from playground.kernels.mod_program import ModProgram
 from playground.kernels.reference import dense_attention
 
 Block = tuple[int, int, int, int]
@@ -232,3 +235,58 @@ def blocked_attention(
                 scale=scale,
             )
     return context
+
+
+class _ProgramBlocks(torch.autograd.Function):
+    """`program_attention` on CPU: the native blocked forward and backward with each row's
+    bias from a mod program, evaluated per row in cache; under create_graph=True, the
+    caller's own recompute through torch's operations (`differentiable_gradients`)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, blocks, program, scale, recompute):
+        lib = native.load()
+        blocks_tensor = _native_blocks(blocks)
+        out, log_sum_exp = lib.program_forward(q, k, v, blocks_tensor, *program.arguments(), scale)
+        ctx.save_for_backward(q, k, v, out, log_sum_exp)
+        ctx.blocks, ctx.program, ctx.scale, ctx.recompute = blocks_tensor, program, scale, recompute
+        ctx.mark_non_differentiable(log_sum_exp)
+        return out, log_sum_exp
+
+    @staticmethod
+    def backward(ctx, grad_out, _):
+        q, k, v, out, log_sum_exp = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True
+            gradients = differentiable_gradients((q, k, v), grad_out, ctx.recompute)
+            return (*gradients, None, None, None, None)
+        grad_k = torch.zeros(k.shape, dtype=k.dtype)
+        grad_v = torch.zeros(v.shape, dtype=v.dtype)
+        grad_q = native.load().program_backward(
+            q, k, v, out, log_sum_exp, rows_unit_stride(grad_out), grad_k, grad_v,
+            ctx.blocks, *ctx.program.arguments(), ctx.scale,
+        )  # fmt: skip
+        return grad_q, grad_k, grad_v, None, None, None, None
+
+
+def program_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    blocks: Sequence[Block],
+    program: ModProgram,
+    scale: float,
+    recompute: Callable[[], torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Blocks of queries over their spans of keys (as `blocked_attention`), each row's
+    additive bias, −inf where hidden, from `program` (`kernels.mod_program`), evaluated in
+    the native kernels while the row is in cache: no bias is ever stored. -> (context
+    (B, H, Nq, d), log-sum-exp (B, H, Nq), −inf for a query that sees no key, whose
+    context is 0). float32 on CPU with the native kernels built (`native.load()`);
+    `recompute()` gives the same context through torch's operations, for create_graph=True.
+    The program gives its leaves no gradient: a bias that needs one is refused."""
+    if native.load() is None or q.dtype != torch.float32 or q.device.type != "cpu":
+        raise ValueError("program_attention runs float32 on CPU with the native kernels built")
+    if program.needs_grad and torch.is_grad_enabled():
+        raise ValueError("the program's bias needs a gradient, which it cannot give")
+    _check_blocks(blocks, q.shape[2], k.shape[2])
+    q, k, v = (rows_unit_stride(t) for t in (q, k, v))
+    return _ProgramBlocks.apply(q, k, v, tuple(blocks), program, scale, recompute)

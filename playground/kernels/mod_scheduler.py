@@ -27,16 +27,18 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from playground.kernels import native
 from playground.kernels.biased import biased_attention
-from playground.kernels.blocked import blocked_attention
+from playground.kernels.blocked import blocked_attention, program_attention
 from playground.kernels.common import transforms_active
+from playground.kernels.mod_grid import MaskMod, ProgramOf, ScoreMod, allowed_pairs, index_grid
+from playground.kernels.mod_program import ModProgram
 from playground.masks import masked_softmax
 
 MOD_CHUNK_ELEMENTS = 2**19
@@ -48,62 +50,6 @@ integer intermediates stay in cache."""
 
 Span = tuple[int, int, int, int]
 """(start, stop, key_start, key_stop): a block of queries and the keys it may see."""
-
-
-class ScoreMod(Protocol):
-    """FlexAttention's score_mod: the scaled score of query q_idx and key kv_idx, changed."""
-
-    def __call__(
-        self,
-        score: torch.Tensor,
-        b: torch.Tensor,
-        h: torch.Tensor,
-        q_idx: torch.Tensor,
-        kv_idx: torch.Tensor,
-    ) -> torch.Tensor: ...
-
-
-class MaskMod(Protocol):
-    """FlexAttention's mask_mod: True where query q_idx may see key kv_idx."""
-
-    def __call__(
-        self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor
-    ) -> torch.Tensor: ...
-
-
-def index_grid(
-    batch: int, heads: int, queries: torch.Tensor, keys: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """b (B,1,1,1), h (1,H,1,1), q_idx (1,1,Nq,1), kv_idx (1,1,1,Nk): the broadcast
-    index tensors the mods are evaluated on."""
-    device = queries.device
-    return (
-        torch.arange(batch, device=device).view(-1, 1, 1, 1),
-        torch.arange(heads, device=device).view(1, -1, 1, 1),
-        queries.view(1, 1, -1, 1),
-        keys.view(1, 1, 1, -1),
-    )
-
-
-def allowed_pairs(
-    mask_mod: MaskMod | None,
-    b: torch.Tensor,
-    h: torch.Tensor,
-    q_idx: torch.Tensor,
-    kv_idx: torch.Tensor,
-    keep: torch.Tensor | None,
-    is_causal: bool,
-) -> torch.Tensor | None:
-    """mask_mod ∧ causality ∧ padding (`keep`, (B, Nk) bool), (B or 1, H or 1, Nq, Nk);
-    None = all."""
-    allowed = mask_mod(b, h, q_idx, kv_idx) if mask_mod is not None else None
-    if is_causal:
-        causal = q_idx >= kv_idx
-        allowed = causal if allowed is None else allowed & causal
-    if keep is not None:
-        padding = keep[:, None, None, :]  # (B, 1, 1, Nk)
-        allowed = padding if allowed is None else allowed & padding
-    return allowed
 
 
 @dataclass(frozen=True)
@@ -121,6 +67,10 @@ class ModScheduler:
     scale: float
     block_size: int
     """Queries per block: bounds working memory to (B, H, block_size, span)."""
+    program: ProgramOf | None = None
+    """This call's mods as a program for the native kernels (`kernels.mod_program.lower`
+    with the mods bound), or None: the blocks then run on torch's operations."""
+    _lowered: dict[tuple, ModProgram | str] = field(default_factory=dict, compare=False)
 
     def score_per_offset(self, heads: int, n_q: int, n_k: int, like: torch.Tensor) -> torch.Tensor:
         """(H, Nq + Nk − 1): g(h, r) of a relative score_mod for r = kv_idx − q_idx from
@@ -322,6 +272,59 @@ class ModScheduler:
             return context, None
         batch, heads, n_q, n_k = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
         spans = self.key_spans(batch, heads, n_q, n_k, is_causal, q.device)
+        program = self.lowered(batch, heads, n_q, n_k, attention_mask, is_causal, q)
+        if program is not None:
+
+            def recompute() -> torch.Tensor:  # torch's operations, for create_graph=True
+                return self.attend_blocks(q, k, v, spans, attention_mask, is_causal)[0]
+
+            context, log_sum_exp = program_attention(q, k, v, spans, program, self.scale, recompute)
+            empty = torch.isneginf(log_sum_exp).all(dim=1)[..., None]  # (B, Nq, 1)
+            return context, empty if bool(empty.any()) else None
+        return self.attend_blocks(q, k, v, spans, attention_mask, is_causal)
+
+    def lowered(
+        self,
+        batch: int,
+        heads: int,
+        n_q: int,
+        n_k: int,
+        keep: torch.Tensor | None,
+        is_causal: bool,
+        like: torch.Tensor,
+    ) -> ModProgram | None:
+        """This call's program, where the native kernels can run it: float32 (`like`'s
+        dtype) on CPU, no torch.func transform, and a bias that needs no gradient (the
+        program gives it none); else None. Lowered once per scheduler (one call)."""
+        usable = (
+            self.program is not None
+            and like.dtype == torch.float32
+            and like.device.type == "cpu"
+            and not transforms_active()
+            and native.load() is not None
+        )
+        if not usable:
+            return None
+        key = (batch, heads, n_q, n_k, id(keep), is_causal)
+        if key not in self._lowered:
+            assert self.program is not None
+            self._lowered[key] = self.program(batch, heads, n_q, n_k, keep, is_causal, like.device)
+        program = self._lowered[key]
+        if isinstance(program, str) or (program.needs_grad and torch.is_grad_enabled()):
+            return None
+        return program
+
+    def attend_blocks(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        spans: list[Span],
+        attention_mask: torch.Tensor | None,
+        is_causal: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`attend` on torch's operations, block by block (the module docstring)."""
+        batch, heads = q.shape[0], q.shape[1]
         # Training: recompute each block in backward, so only one block's scores live;
         # unless the blocks keep only a mask for backward (no score_mod), and all of
         # their masks together are no larger than q, k and v (a window, not a dense

@@ -367,6 +367,16 @@ def check_fast_matches_reference(subject: Subject) -> None:
                 subject.tokens(n_k, seed=3),
             )
             _compare_paths(subject, fast, reference, arguments, {}, f"cross Nq={n_q}, Nk={n_k}")
+    if _declared_cause(subject) and torch.float64 in subject.caps.dtypes:
+        # In float32 the native kernels evaluate the mod's bias themselves, whatever the
+        # class declares; float64 takes the path the declaration chooses.
+        n = subject.lengths[-1]
+        fast, reference = (
+            subject.build(torch.float64, impl=impl) for impl in ("fast", "reference")
+        )
+        reference.load_state_dict(fast.state_dict())
+        tokens = subject.tokens(n, dtype=torch.float64)
+        _compare_paths(subject, fast, reference, (tokens,), {}, f"float64, n={n}")
 
 
 DECLARATIONS = {

@@ -26,7 +26,7 @@ from rich.table import Table
 import playground
 from playground import SoftmaxAttention
 from playground.heads import attention_flops, projection_flops
-from playground.kernels.mod_scheduler import index_grid
+from playground.kernels.mod_grid import index_grid
 from playground.run.measure import gemm_flops_per_second, time_call, using_threads
 
 README = Path(__file__).parents[2] / "README.md"

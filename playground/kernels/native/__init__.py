@@ -59,7 +59,7 @@ SOURCES = tuple(
     Path(__file__).with_name(name)
     for name in ("module.cpp", "hankel_backward.cpp", "blocked_attention.cpp")
 )
-HEADERS = (Path(__file__).with_name("native.h"),)
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("native.h", "mod_program.h"))
 DISABLE_VARIABLE = "PLAYGROUND_NATIVE"
 OFF_VALUES = ("0", "false", "no", "off")
 ON_VALUES = ("1", "true", "yes", "on")

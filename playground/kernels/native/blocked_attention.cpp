@@ -17,6 +17,7 @@
 // split the (batch, head) pairs; a pair's rows of the outputs are its own, so nothing
 // is shared. float32 only.
 #include "native.h"
+#include "mod_program.h"
 
 #include <ATen/Parallel.h>
 
@@ -81,6 +82,46 @@ const float* mask_rows(const at::Tensor& mask, int64_t batch, int64_t head, int6
          (mask.size(1) == 1 ? 0 : head * mask.stride(1));
 }
 
+// Where a block's additive bias comes from, row by row. Each source hands every thread its
+// own reader: `row` gives the bias of one query over its block's span, or null for none.
+struct MaskSource {  // one additive mask per block (empty: none), read in place
+  const std::vector<at::Tensor>& masks;
+  static constexpr float empty_log_sum_exp = 0.0f;  // as the CPU flash kernel gives
+  struct Reader {
+    const MaskSource& source;
+    const float* rows = nullptr;
+    int64_t ld = 0;
+    void start(int64_t block, int64_t batch, int64_t head, int64_t, int64_t, int64_t) {
+      rows = mask_rows(source.masks[block], batch, head, &ld);
+    }
+    const float* row(int64_t r, int64_t) { return rows == nullptr ? nullptr : rows + r * ld; }
+  };
+  Reader reader(int64_t) const { return Reader{*this}; }
+};
+
+struct ProgramSource {  // a mod program, evaluated per row while the tile is in cache
+  const ModProgram& program;
+  // A query that sees no key gets −inf, so that the caller can tell it from one that
+  // does (its output is 0 either way), and the backward gives it no gradient.
+  static constexpr float empty_log_sum_exp = -INFINITY;
+  struct Reader {
+    ProgramRun run;
+    std::vector<float> bias;
+    int64_t batch = 0, head = 0, key_start = 0, span = 0;
+    void start(int64_t, int64_t batch_, int64_t head_, int64_t, int64_t key_start_,
+               int64_t span_) {
+      batch = batch_, head = head_, key_start = key_start_, span = span_;
+    }
+    const float* row(int64_t, int64_t query) {
+      run.row(batch, head, query, key_start, span, bias.data());
+      return bias.data();
+    }
+  };
+  Reader reader(int64_t widest_span) const {
+    return Reader{ProgramRun(program), std::vector<float>(widest_span)};
+  }
+};
+
 }  // namespace
 
 // q (B, H, Nq, d), k and v (B, H, Nk, d), blocks and masks as for blocked_backward below.
@@ -89,9 +130,21 @@ const float* mask_rows(const at::Tensor& mask, int64_t batch, int64_t head, int6
 // in cache, so no running maximum is needed. Returns out (B, H, Nq, d) and the per-row
 // log-sum-exp L = m + log s (B, H, Nq), which blocked_backward takes; a row that sees no
 // key (or is in no block) gets O = 0 and L = 0, as the CPU flash kernel gives.
-std::vector<at::Tensor> blocked_forward(const at::Tensor& q, const at::Tensor& k,
-                                        const at::Tensor& v, const at::Tensor& blocks,
-                                        const std::vector<at::Tensor>& masks, double scale_) {
+namespace {
+
+// The widest span of any block: the bias row a program reader needs.
+int64_t widest_span(const at::Tensor& blocks) {
+  const int64_t* b = blocks.data_ptr<int64_t>();
+  int64_t widest = 1;
+  for (int64_t i = 0; i < blocks.size(0); ++i) widest = std::max(widest, b[4 * i + 3] - b[4 * i + 2]);
+  return widest;
+}
+
+template <class Source>
+std::vector<at::Tensor> forward_blocks(const at::Tensor& q, const at::Tensor& k,
+                                       const at::Tensor& v, const at::Tensor& blocks,
+                                       const std::vector<at::Tensor>& masks,
+                                       const Source& source, double scale_) {
   TORCH_CHECK(q.dim() == 4, "q must be (B, H, Nq, d)");
   const int64_t batches = q.size(0), heads = q.size(1), n_q = q.size(2), d = q.size(3);
   const int64_t n_k = k.dim() == 4 ? k.size(2) : -1;
@@ -104,10 +157,11 @@ std::vector<at::Tensor> blocked_forward(const at::Tensor& q, const at::Tensor& k
   const Block* blocks_ = checked_blocks(blocks, masks, n_q, n_k, batches, heads, &widest);
   const int64_t num_blocks = blocks.size(0);
   auto out = at::zeros({batches, heads, n_q, d}, q.options());
-  auto log_sum_exp = at::zeros({batches, heads, n_q}, q.options());
+  at::Tensor log_sum_exp = at::full({batches, heads, n_q}, Source::empty_log_sum_exp, q.options());
   if (out.numel() == 0 || n_k == 0) return {out, log_sum_exp};
   const float scale = static_cast<float>(scale_);
   const int64_t ldq = leading(q), ldk = leading(k), ldv = leading(v);
+  const int64_t span_limit = widest_span(blocks);
   const int64_t threads =
       std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), batches * heads));
   auto scratch = at::empty({threads, widest}, q.options());
@@ -115,6 +169,9 @@ std::vector<at::Tensor> blocked_forward(const at::Tensor& q, const at::Tensor& k
     const int64_t thread = at::get_thread_num();
     TORCH_CHECK(thread < threads, "more threads than scratch tiles");
     float* p = scratch.data_ptr<float>() + thread * widest;
+    auto reader = source.reader(span_limit);
+    const FlushSubnormals flush;
+    std::vector<float> inverse;  // 1 / each row's sum
     for (int64_t pair = begin; pair < end; ++pair) {
       const int64_t batch = pair / heads, head = pair % heads;
       const float* qh = rows_of(q, batch, head);
@@ -126,17 +183,17 @@ std::vector<at::Tensor> blocked_forward(const at::Tensor& q, const at::Tensor& k
         const Block& block = blocks_[i];
         const int64_t rows = block.stop - block.start, span = block.key_stop - block.key_start;
         if (rows == 0 || span == 0) continue;
-        int64_t ldm = 0;
-        const float* m = mask_rows(masks[i], batch, head, &ldm);
+        reader.start(i, batch, head, block.start, block.key_start, span);
         const float* v_span = vh + block.key_start * ldv;
+        inverse.assign(rows, 0.0f);
         matmul(false, true, rows, span, d, scale, qh + block.start * ldq, ldq,
                kh + block.key_start * ldk, ldk, 0.0f, p, span);
         for (int64_t r = 0; r < rows; ++r) {
           float* row = p + r * span;
           float top = -INFINITY;
           int not_a_number = 0;
-          if (m != nullptr) {
-            const float* bias = m + r * ldm;
+          const float* bias = reader.row(r, block.start + r);
+          if (bias != nullptr) {
 #pragma omp simd reduction(max : top) reduction(+ : not_a_number)
             for (int64_t j = 0; j < span; ++j) {
               row[j] += bias[j];
@@ -163,17 +220,29 @@ std::vector<at::Tensor> blocked_forward(const at::Tensor& q, const at::Tensor& k
             row[j] = exp_nonpositive(row[j] - top);  // 0 where hidden, and everywhere if all are
             sum += row[j];
           }
-          const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
-#pragma omp simd
-          for (int64_t j = 0; j < span; ++j) row[j] *= inverse;
-          lse[block.start + r] = sum > 0.0f ? top + std::log(sum) : 0.0f;
+          inverse[r] = sum > 0.0f ? 1.0f / sum : 0.0f;
+          lse[block.start + r] = sum > 0.0f ? top + std::log(sum) : Source::empty_log_sum_exp;
         }
-        matmul(false, false, rows, d, span, 1.0f, p, span, v_span, ldv, 0.0f,
-               oh + block.start * d, d);
+        // O = (exp(S − m) v) / s: each output row scaled once, rather than every weight.
+        float* o_tile = oh + block.start * d;
+        matmul(false, false, rows, d, span, 1.0f, p, span, v_span, ldv, 0.0f, o_tile, d);
+        for (int64_t r = 0; r < rows; ++r) {
+          const float factor = inverse[r];
+#pragma omp simd
+          for (int64_t c = 0; c < d; ++c) o_tile[r * d + c] *= factor;
+        }
       }
     }
   });
   return {out, log_sum_exp};
+}
+
+}  // namespace
+
+std::vector<at::Tensor> blocked_forward(const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v, const at::Tensor& blocks,
+                                        const std::vector<at::Tensor>& masks, double scale) {
+  return forward_blocks(q, k, v, blocks, masks, MaskSource{masks}, scale);
 }
 
 // q, out, grad_out (B, H, Nq, d); k, v, grad_k, grad_v (B, H, Nk, d): float32 with
@@ -183,12 +252,15 @@ std::vector<at::Tensor> blocked_forward(const at::Tensor& q, const at::Tensor& k
 // (1 or B, 1 or H, block queries, span keys) with unit-stride rows, additive (−inf
 // hides). dK and dV are added onto grad_k and grad_v. Returns dq (B, H, Nq, d), 0 in
 // rows no block holds.
-at::Tensor blocked_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& out, const at::Tensor& log_sum_exp,
-                            const at::Tensor& grad_out, const at::Tensor& grad_k,
-                            const at::Tensor& grad_v,
-                            const at::Tensor& blocks, const std::vector<at::Tensor>& masks,
-                            double scale_) {
+namespace {
+
+template <class Source>
+at::Tensor backward_blocks(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& out, const at::Tensor& log_sum_exp,
+                           const at::Tensor& grad_out, const at::Tensor& grad_k,
+                           const at::Tensor& grad_v, const at::Tensor& blocks,
+                           const std::vector<at::Tensor>& masks, const Source& source,
+                           double scale_) {
   TORCH_CHECK(q.dim() == 4, "q must be (B, H, Nq, d)");
   const int64_t batches = q.size(0), heads = q.size(1), n_q = q.size(2), d = q.size(3);
   const int64_t n_k = k.dim() == 4 ? k.size(2) : -1;
@@ -213,6 +285,7 @@ at::Tensor blocked_backward(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t lddk = leading(grad_k), lddv = leading(grad_v);
   auto grad_q = at::zeros({batches, heads, n_q, d}, q.options());
   if (grad_q.numel() == 0 || n_k == 0) return grad_q;
+  const int64_t span_limit = widest_span(blocks);
 
   // Each thread's P and dS for one block: torch's allocator holds them, so peak memory
   // counts them.
@@ -225,6 +298,8 @@ at::Tensor blocked_backward(const at::Tensor& q, const at::Tensor& k, const at::
     float* p = scratch.data_ptr<float>() + thread * 2 * scratch_size;
     float* ds = p + scratch_size;
     std::vector<float> row_dot;
+    auto reader = source.reader(span_limit);
+    const FlushSubnormals flush;
     for (int64_t pair = begin; pair < end; ++pair) {
       const int64_t batch = pair / heads, head = pair % heads;
       const float* qh = rows_of(q, batch, head);
@@ -247,18 +322,19 @@ at::Tensor blocked_backward(const at::Tensor& q, const at::Tensor& k, const at::
         const float* do_tile = doh + block.start * lddo;
         const float* k_span = kh + block.key_start * ldk;
         const float* v_span = vh + block.key_start * ldv;
-        int64_t ldm = 0;
-        const float* m = mask_rows(masks[i], batch, head, &ldm);
+        reader.start(i, batch, head, block.start, block.key_start, span);
         // S = scale · q kᵀ (rows × span), then P = exp(S + M − L) in place.
         matmul(false, true, rows, span, d, scale, q_tile, ldq, k_span, ldk, 0.0f, p, span);
         row_dot.resize(rows);
         for (int64_t r = 0; r < rows; ++r) {
           float* row = p + r * span;
           const float shift = lse[(block.start + r) * lse_stride];
+          const float* bias = reader.row(r, block.start + r);
           if (shift != shift) {  // the forward's NaN row: NaN gradients, not zeros
             std::fill(row, row + span, NAN);
-          } else if (m != nullptr) {
-            const float* bias = m + r * ldm;
+          } else if (shift == -INFINITY) {  // a query that saw no key: no gradient
+            std::fill(row, row + span, 0.0f);
+          } else if (bias != nullptr) {
 #pragma omp simd
             for (int64_t j = 0; j < span; ++j) row[j] = exp_nonpositive(row[j] + bias[j] - shift);
           } else {
@@ -287,6 +363,61 @@ at::Tensor blocked_backward(const at::Tensor& q, const at::Tensor& k, const at::
     }
   });
   return grad_q;
+}
+
+// No mask per block: a program gives each row its bias.
+std::vector<at::Tensor> no_masks(const at::Tensor& blocks, const at::Tensor& like) {
+  return std::vector<at::Tensor>(blocks.size(0), at::empty({0}, like.options()));
+}
+
+ModProgram program_of(const at::Tensor& code, const at::Tensor& slot_types,
+                      const at::Tensor& inputs, const at::Tensor& constants,
+                      const std::vector<at::Tensor>& leaves,
+                      const std::vector<at::Tensor>& tables, int64_t output,
+                      const at::Tensor& q, const at::Tensor& k) {
+  ModProgram program{code, slot_types, inputs, constants, leaves, tables, output};
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4, "q and k must be (B, H, N, d)");
+  program.check(q.size(0), q.size(1), q.size(2), k.size(2));
+  return program;
+}
+
+}  // namespace
+
+at::Tensor blocked_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& out, const at::Tensor& log_sum_exp,
+                            const at::Tensor& grad_out, const at::Tensor& grad_k,
+                            const at::Tensor& grad_v,
+                            const at::Tensor& blocks, const std::vector<at::Tensor>& masks,
+                            double scale) {
+  return backward_blocks(q, k, v, out, log_sum_exp, grad_out, grad_k, grad_v, blocks, masks,
+                         MaskSource{masks}, scale);
+}
+
+std::vector<at::Tensor> program_forward(const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v, const at::Tensor& blocks,
+                                        const at::Tensor& code, const at::Tensor& slot_types,
+                                        const at::Tensor& inputs, const at::Tensor& constants,
+                                        const std::vector<at::Tensor>& leaves,
+                                        const std::vector<at::Tensor>& tables, int64_t output,
+                                        double scale) {
+  const ModProgram program =
+      program_of(code, slot_types, inputs, constants, leaves, tables, output, q, k);
+  return forward_blocks(q, k, v, blocks, no_masks(blocks, q), ProgramSource{program}, scale);
+}
+
+at::Tensor program_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& out, const at::Tensor& log_sum_exp,
+                            const at::Tensor& grad_out, const at::Tensor& grad_k,
+                            const at::Tensor& grad_v, const at::Tensor& blocks,
+                            const at::Tensor& code, const at::Tensor& slot_types,
+                            const at::Tensor& inputs, const at::Tensor& constants,
+                            const std::vector<at::Tensor>& leaves,
+                            const std::vector<at::Tensor>& tables, int64_t output,
+                            double scale) {
+  const ModProgram program =
+      program_of(code, slot_types, inputs, constants, leaves, tables, output, q, k);
+  return backward_blocks(q, k, v, out, log_sum_exp, grad_out, grad_k, grad_v, blocks,
+                         no_masks(blocks, q), ProgramSource{program}, scale);
 }
 
 }  // namespace playground_native

@@ -12,4 +12,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("blocked_backward", &playground_native::blocked_backward,
         "Fused backward of blocks of queries, each over its own span of keys with a mask",
         py::call_guard<py::gil_scoped_release>());
+  m.def("program_forward", &playground_native::program_forward,
+        "Blocks of queries over their spans, each row's bias from a mod program",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("program_backward", &playground_native::program_backward,
+        "Fused backward of program_forward",
+        py::call_guard<py::gil_scoped_release>());
 }

@@ -13,7 +13,28 @@ extern "C" void sgemm_(const char* transa, const char* transb, const int* m, con
                        const float* b, const int* ldb, const float* beta, float* c,
                        const int* ldc);
 
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
+
 namespace playground_native {
+
+// While alive, this thread flushes subnormal floats to zero (and reads them as zero). A
+// softmax weight far below the row's largest (a bias of −60 next to 0, ALiBi's far keys)
+// times a value is subnormal, and products of subnormals take the CPU a hundred times
+// longer: with them, the products of P and V run several times slower, for contributions
+// below 1e-38 of the row's total. The previous mode comes back on destruction, so torch's
+// own operations on this thread are not changed.
+class FlushSubnormals {
+ public:
+#if defined(__SSE__)
+  FlushSubnormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040); }  // FTZ | DAZ
+  ~FlushSubnormals() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned int saved_;
+#endif
+};
 
 // Row-major C (m × n) = alpha · op(A) · op(B) + beta · C, through column-major BLAS:
 // a row-major matrix is the column-major transpose, so C = A B is Cᵀ = Bᵀ Aᵀ.
@@ -67,6 +88,26 @@ at::Tensor blocked_backward(const at::Tensor& q, const at::Tensor& k, const at::
                             const at::Tensor& grad_out, const at::Tensor& grad_k,
                             const at::Tensor& grad_v,
                             const at::Tensor& blocks, const std::vector<at::Tensor>& masks,
+                            double scale);
+
+// The blocked kernels with each row's bias from a mod program (mod_program.h) instead of
+// masks; a query that sees no key gets log-sum-exp −inf.
+std::vector<at::Tensor> program_forward(const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v, const at::Tensor& blocks,
+                                        const at::Tensor& code, const at::Tensor& slot_types,
+                                        const at::Tensor& inputs, const at::Tensor& constants,
+                                        const std::vector<at::Tensor>& leaves,
+                                        const std::vector<at::Tensor>& tables, int64_t output,
+                                        double scale);
+
+at::Tensor program_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& out, const at::Tensor& log_sum_exp,
+                            const at::Tensor& grad_out, const at::Tensor& grad_k,
+                            const at::Tensor& grad_v, const at::Tensor& blocks,
+                            const at::Tensor& code, const at::Tensor& slot_types,
+                            const at::Tensor& inputs, const at::Tensor& constants,
+                            const std::vector<at::Tensor>& leaves,
+                            const std::vector<at::Tensor>& tables, int64_t output,
                             double scale);
 
 }  // namespace playground_native

@@ -1,0 +1,157 @@
+"""A mod's bias as a program the native blocked kernels run per row, while the tile is in
+cache: the additive bias of a `score_mod` (score + f(b, h, q_idx, kv_idx)), −inf where
+`mask_mod`, causality or padding hide a key.
+
+Evaluated by torch over a block, an element-wise bias costs one pass through memory per
+operation, each over B·H·block·span values, and then SDPA reads it once more: at n = 4096
+that is more time than the attention. Here the mod is traced (`mod_structure.trace_mod`)
+on every call, since a plain value it reads (a window, an option) may change between
+calls, and partially evaluated:
+
+- a node that does not read both q_idx and kv_idx is evaluated by torch, over (B, H, Nq, 1)
+  or (B, H, 1, Nk) at most (`slopes[h]`, `doc[kv_idx]`, `q_idx // 64`): a leaf of the
+  program, O(Nq + Nk);
+- a node that reads both becomes an instruction (`native/mod_program.h`): arithmetic,
+  comparisons, `where`, `clamp`, casts, exp/log/sqrt, and table lookups (`table[q_idx -
+  kv_idx]`, T5's buckets), with torch's promotion and integer semantics (floor division,
+  remainders, negative indices; an index out of range fails as torch's does).
+
+`lower` returns None, with the reason, for whatever it does not know (another dtype, an
+operation outside that list, a leaf larger than a row or a column): the caller keeps the
+path made of torch operations, which is correct for any mod. The program gives its leaves
+no gradient, so a bias that needs one keeps that path in training too.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx
+
+from playground.kernels.program_builder import Builder, ModProgram, NotLowered, Slot, dtype_of
+from playground.kernels.program_operations import lower_lookup, lower_node
+from playground.mod_structure import trace_mod
+
+__all__ = ["ModProgram", "lower"]
+
+
+def _run_graph(builder: Builder, module: torch.fx.GraphModule, arguments: dict[str, Any]) -> Any:
+    """The graph's output: a slot where it reads q_idx and kv_idx together, else torch's
+    value. Each node is evaluated by torch when its reads allow, else lowered."""
+    values: dict[torch.fx.Node, Any] = {}
+    reads: dict[torch.fx.Node, frozenset[str]] = {}
+
+    def substitute(argument: Any) -> Any:
+        return torch.fx.node.map_arg(argument, lambda node: values[node])
+
+    for node in module.graph.nodes:
+        parents = frozenset().union(*(reads[p] for p in node.all_input_nodes))
+        reads[node] = parents | ({node.target} if node.op == "placeholder" else set())
+        if node.op == "placeholder":
+            values[node] = arguments[node.target]
+        elif node.op == "get_attr":
+            value: Any = module
+            for part in str(node.target).split("."):
+                value = getattr(value, part)
+            values[node] = value
+        elif node.op == "output":
+            return substitute(node.args[0])
+        else:
+            args, kwargs = substitute(node.args), dict(substitute(node.kwargs))
+            if not {"q_idx", "kv_idx"} <= reads[node]:
+                values[node] = _eager(node, args, kwargs)
+            else:
+                target = node.target if node.op == "call_function" else str(node.target)
+                if node.op == "call_method" and target in ("__getitem__",):
+                    values[node] = lower_lookup(builder, args[0], args[1])
+                    continue
+                values[node] = lower_node(builder, target, args, kwargs)
+    raise NotLowered("a graph without an output")
+
+
+def _eager(node: torch.fx.Node, args: tuple, kwargs: dict) -> Any:
+    """A node that reads at most one of q_idx and kv_idx, evaluated by torch (its
+    arguments are then torch's values too: reads pass to every node that depends on one)."""
+    if node.op == "call_function" and callable(node.target):
+        return node.target(*args, **kwargs)
+    if node.op == "call_method":
+        return getattr(args[0], str(node.target))(*args[1:], **kwargs)
+    raise NotLowered(f"a node of kind {node.op}")
+
+
+def lower(
+    score_mod: Callable[..., torch.Tensor] | None,
+    mask_mod: Callable[..., torch.Tensor] | None,
+    owner: torch.nn.Module | None,
+    batch: int,
+    heads: int,
+    n_q: int,
+    n_k: int,
+    keep: torch.Tensor | None,
+    is_causal: bool,
+    device: torch.device,
+) -> ModProgram | str:
+    """The program of this call's bias: score_mod(0, b, h, q, kv) (an additive score_mod:
+    the caller knows it is), −inf where mask_mod, causality (q < kv) or padding (`keep`
+    (B, Nk) bool, False: hidden) hide a key. A reason (str) instead when it cannot be
+    lowered (module docstring)."""
+    grids = {
+        "b": torch.arange(batch, device=device).view(-1, 1, 1, 1),
+        "h": torch.arange(heads, device=device).view(1, -1, 1, 1),
+        "q_idx": torch.arange(n_q, device=device).view(1, 1, -1, 1),
+        "kv_idx": torch.arange(n_k, device=device).view(1, 1, 1, -1),
+    }
+    builder = Builder(batch, heads, n_q, n_k, device, grids)
+    try:
+        bias: Any = 0.0
+        if score_mod is not None:
+            arguments = {**grids, "score": torch.zeros((), dtype=torch.float32, device=device)}
+            bias = _run_graph(builder, trace_mod(score_mod, owner), arguments)
+            if not dtype_of(bias).is_floating_point:
+                raise NotLowered("a score_mod whose bias is not floating point")
+        allowed: Any = None
+        if mask_mod is not None:
+            allowed = _run_graph(builder, trace_mod(mask_mod, owner), dict(grids))
+            if dtype_of(allowed) != torch.bool:
+                raise NotLowered("a mask_mod that does not return bool")
+        if is_causal:
+            causal = lower_node(builder, operator.le, (grids["kv_idx"], grids["q_idx"]), {})
+            allowed = causal if allowed is None else _and(builder, allowed, causal)
+        if keep is not None:
+            padding = keep[:, None, None, :]
+            allowed = padding if allowed is None else _and(builder, allowed, padding)
+        if allowed is not None:
+            hidden = builder.constant(-math.inf, torch.float32)
+            output = builder.emit(
+                "F_WHERE",
+                torch.float32,
+                builder.value(allowed),
+                builder.value(bias, torch.float32),
+                hidden,
+            )
+        else:
+            output = builder.value(bias, torch.float32)
+    except NotLowered as reason:
+        return str(reason)
+    except (TypeError, RuntimeError, IndexError, ValueError) as error:  # torch refused a probe
+        return f"{type(error).__name__}: {str(error).strip()[:80]}"
+    return ModProgram(
+        code=torch.tensor(builder.code, dtype=torch.long).view(-1, 5),
+        slot_types=torch.tensor(builder.slot_types, dtype=torch.long),
+        inputs=torch.tensor(builder.inputs, dtype=torch.long).view(-1, 3),
+        constants=torch.tensor(builder.constants, dtype=torch.float64),
+        leaves=builder.leaves,
+        tables=builder.tables,
+        output=output.index,
+        needs_grad=builder.needs_grad,
+    )
+
+
+def _and(builder: Builder, a: Any, b: Any) -> Slot:
+    """a ∧ b in the program (a per-query rule and a per-key one would make, by torch, a
+    whole (Nq, Nk) grid)."""
+    return builder.emit("I_AND", torch.bool, builder.value(a), builder.value(b))

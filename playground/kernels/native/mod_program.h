@@ -1,0 +1,369 @@
+// A mod program: the part of a score_mod's bias (and of its mask) that reads both the query
+// and the key index, as a list of element-wise instructions that the blocked kernels run
+// on each row of a tile while it is in cache (playground/kernels/mod_program.py builds it
+// from the mod's torch.fx graph). Everything that reads only one of the two indices was
+// evaluated by torch beforehand and comes in as a "leaf" tensor.
+//
+// Slots hold float32 or int64 (bool as 0/1), each a scalar (one value per row: the query
+// index, a per-query leaf, a constant) or a vector (one value per key of the chunk: the
+// key index, a per-key leaf, an instruction's result). Instructions read slots and write
+// one; the program's output slot is the bias, −inf where a key is hidden.
+#pragma once
+
+#include "native.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace playground_native {
+
+enum SlotType : int64_t { FLOAT_VECTOR = 0, INT_VECTOR = 1, FLOAT_SCALAR = 2, INT_SCALAR = 3 };
+enum Source : int64_t { CONSTANT = 0, QUERY = 1, KEY = 2, LEAF = 3, BATCH = 4, HEAD = 5 };
+enum Opcode : int64_t {
+  F_ADD, F_SUB, F_MUL, F_DIV, F_MIN, F_MAX, F_NEG, F_ABS, F_EXP, F_LOG, F_SQRT,
+  I_ADD, I_SUB, I_MUL, I_FLOOR_DIV, I_MOD, I_MIN, I_MAX, I_NEG, I_ABS,
+  F_LT, F_LE, F_EQ, F_NE, I_LT, I_LE, I_EQ, I_NE,
+  I_AND, I_OR, I_XOR, I_NOT,
+  TO_FLOAT, TO_INT,
+  F_WHERE, I_WHERE,
+  WRAP_INDEX,  // a = index, b = size: negative indices count from the end; out of range fails
+  F_GATHER, I_GATHER,  // a = flat index, c = table number
+  OPCODE_COUNT
+};
+
+constexpr int64_t PROGRAM_CHUNK = 256;  // keys per evaluation: every slot stays in L1
+
+// The program as Python hands it over (see mod_program.py for the layout of each tensor).
+struct ModProgram {
+  at::Tensor code;        // (instructions, 5) int64: opcode, destination, a, b, c
+  at::Tensor slot_types;  // (slots,) int64: SlotType
+  at::Tensor inputs;      // (inputs, 3) int64: slot, Source, constant or leaf number
+  at::Tensor constants;   // (constants,) float64
+  std::vector<at::Tensor> leaves;  // 4-D (B, H, Nq or 1, Nk or 1), float32 or int64, any strides
+  std::vector<at::Tensor> tables;  // 1-D contiguous float32 or int64, read by the gathers
+  int64_t output;                  // the slot holding the bias (a float slot)
+
+  void check(int64_t batches, int64_t heads, int64_t n_q, int64_t n_k) const {
+    TORCH_CHECK(code.scalar_type() == at::kLong && code.dim() == 2 && code.size(1) == 5 &&
+                    code.is_contiguous(),
+                "the program's code must be a contiguous int64 (instructions, 5) tensor");
+    TORCH_CHECK(slot_types.scalar_type() == at::kLong && slot_types.is_contiguous(),
+                "slot_types must be contiguous int64");
+    TORCH_CHECK(inputs.scalar_type() == at::kLong && inputs.dim() == 2 && inputs.size(1) == 3 &&
+                    inputs.is_contiguous(),
+                "inputs must be a contiguous int64 (inputs, 3) tensor");
+    TORCH_CHECK(constants.scalar_type() == at::kDouble && constants.is_contiguous(),
+                "constants must be contiguous float64");
+    const int64_t slots = slot_types.size(0);
+    const int64_t* types = slot_types.data_ptr<int64_t>();
+    auto valid = [&](int64_t slot) { return 0 <= slot && slot < slots; };
+    TORCH_CHECK(valid(output) && (types[output] == FLOAT_VECTOR || types[output] == FLOAT_SCALAR),
+                "the program's output must be a float slot");
+    const int64_t* in = inputs.data_ptr<int64_t>();
+    for (int64_t i = 0; i < inputs.size(0); ++i) {
+      const int64_t slot = in[3 * i], source = in[3 * i + 1], index = in[3 * i + 2];
+      TORCH_CHECK(valid(slot), "input ", i, " names no slot");
+      const bool vector = types[slot] == FLOAT_VECTOR || types[slot] == INT_VECTOR;
+      if (source == CONSTANT) {
+        TORCH_CHECK(!vector && 0 <= index && index < constants.size(0), "bad constant ", i);
+      } else if (source == KEY) {
+        TORCH_CHECK(vector, "the key index must go to a vector slot");
+      } else if (source == LEAF) {
+        TORCH_CHECK(0 <= index && index < static_cast<int64_t>(leaves.size()), "bad leaf ", i);
+        const at::Tensor& leaf = leaves[index];
+        const bool is_float = leaf.scalar_type() == at::kFloat;
+        TORCH_CHECK(
+            (is_float || leaf.scalar_type() == at::kLong) && leaf.dim() == 4 &&
+                leaf.size(0) == batches && leaf.size(1) == heads &&
+                (leaf.size(2) == 1 || leaf.size(2) == n_q) &&
+                (leaf.size(3) == 1 || leaf.size(3) == n_k) &&
+                !(leaf.size(2) > 1 && leaf.size(3) > 1) && (leaf.size(3) > 1) == vector &&
+                is_float == (types[slot] == FLOAT_VECTOR || types[slot] == FLOAT_SCALAR),
+            "leaf ", index, " must be float32 or int64 (B, H, Nq or 1, Nk or 1), not both, "
+            "and of its slot's type");
+      } else {
+        TORCH_CHECK(((source == QUERY && !vector) ||
+                     ((source == BATCH || source == HEAD) && types[slot] == INT_SCALAR)),
+                    "input ", i, ": an index goes to a scalar slot (b and h: int)");
+      }
+    }
+    for (const at::Tensor& table : tables) {
+      TORCH_CHECK(table.dim() == 1 && table.is_contiguous() &&
+                      (table.scalar_type() == at::kFloat || table.scalar_type() == at::kLong),
+                  "a gathered table must be a contiguous 1-D float32 or int64 tensor");
+    }
+    const int64_t* ops = code.data_ptr<int64_t>();
+    for (int64_t i = 0; i < code.size(0); ++i) {
+      const int64_t* op = ops + 5 * i;
+      TORCH_CHECK(0 <= op[0] && op[0] < OPCODE_COUNT && valid(op[1]), "instruction ", i,
+                  " is malformed");
+      if (op[0] == F_GATHER || op[0] == I_GATHER) {
+        TORCH_CHECK(valid(op[2]) && 0 <= op[4] && op[4] < static_cast<int64_t>(tables.size()),
+                    "gather ", i, " names no table");
+      } else {
+        TORCH_CHECK(valid(op[2]) && valid(op[3]) && valid(op[4]), "instruction ", i,
+                    " names no slot");
+      }
+    }
+  }
+};
+
+// One thread's evaluation of a program: its slots, and the bias of one row over a span.
+class ProgramRun {
+ public:
+  explicit ProgramRun(const ModProgram& program)
+      : program_(program),
+        slots_(program.slot_types.size(0)),
+        types_(program.slot_types.data_ptr<int64_t>()),
+        floats_(slots_ * PROGRAM_CHUNK),
+        ints_(slots_ * PROGRAM_CHUNK) {
+    const int64_t* in = program.inputs.data_ptr<int64_t>();
+    const double* constants = program.constants.data_ptr<double>();
+    for (int64_t i = 0; i < program.inputs.size(0); ++i) {
+      if (in[3 * i + 1] != CONSTANT) continue;
+      const int64_t slot = in[3 * i];
+      if (types_[slot] == FLOAT_SCALAR) {
+        f(slot)[0] = static_cast<float>(constants[in[3 * i + 2]]);
+      } else {
+        n(slot)[0] = static_cast<int64_t>(constants[in[3 * i + 2]]);
+      }
+    }
+  }
+
+  // bias[0 .. span) for query `query` of (batch, head) over keys key_start … + span.
+  void row(int64_t batch, int64_t head, int64_t query, int64_t key_start, int64_t span,
+           float* bias) {
+    load_scalars(batch, head, query);
+    for (int64_t first = 0; first < span; first += PROGRAM_CHUNK) {
+      const int64_t count = std::min(PROGRAM_CHUNK, span - first);
+      load_vectors(batch, head, key_start + first, count);
+      // The last instruction, when it computes the output, writes straight into `bias`.
+      if (run(count, bias + first)) continue;
+      const float* result = f(program_.output);
+      if (types_[program_.output] == FLOAT_VECTOR) {
+        std::copy(result, result + count, bias + first);
+      } else {
+        std::fill(bias + first, bias + first + count, result[0]);
+      }
+    }
+  }
+
+ private:
+  float* f(int64_t slot) { return floats_.data() + slot * PROGRAM_CHUNK; }
+  int64_t* n(int64_t slot) { return ints_.data() + slot * PROGRAM_CHUNK; }
+  bool vector(int64_t slot) const {
+    return types_[slot] == FLOAT_VECTOR || types_[slot] == INT_VECTOR;
+  }
+
+  template <class T>
+  static T leaf_at(const at::Tensor& leaf, int64_t batch, int64_t head, int64_t query,
+                   int64_t key) {
+    const T* data = leaf.data_ptr<T>();
+    return data[batch * leaf.stride(0) + head * leaf.stride(1) +
+                (leaf.size(2) > 1 ? query * leaf.stride(2) : 0) +
+                (leaf.size(3) > 1 ? key * leaf.stride(3) : 0)];
+  }
+
+  void load_scalars(int64_t batch, int64_t head, int64_t query) {
+    const int64_t* in = program_.inputs.data_ptr<int64_t>();
+    for (int64_t i = 0; i < program_.inputs.size(0); ++i) {
+      const int64_t slot = in[3 * i], source = in[3 * i + 1];
+      if (vector(slot) || source == CONSTANT) continue;
+      if (source == QUERY && types_[slot] == INT_SCALAR) n(slot)[0] = query;
+      if (source == QUERY && types_[slot] == FLOAT_SCALAR) f(slot)[0] = static_cast<float>(query);
+      if (source == BATCH) n(slot)[0] = batch;
+      if (source == HEAD) n(slot)[0] = head;
+      if (source == LEAF) {
+        const at::Tensor& leaf = program_.leaves[in[3 * i + 2]];
+        if (types_[slot] == FLOAT_SCALAR) {
+          f(slot)[0] = leaf_at<float>(leaf, batch, head, query, 0);
+        } else {
+          n(slot)[0] = leaf_at<int64_t>(leaf, batch, head, query, 0);
+        }
+      }
+    }
+  }
+
+  void load_vectors(int64_t batch, int64_t head, int64_t first_key, int64_t count) {
+    const int64_t* in = program_.inputs.data_ptr<int64_t>();
+    for (int64_t i = 0; i < program_.inputs.size(0); ++i) {
+      const int64_t slot = in[3 * i], source = in[3 * i + 1];
+      if (!vector(slot)) continue;
+      if (source == KEY && types_[slot] == INT_VECTOR) {
+        int64_t* out = n(slot);
+        for (int64_t j = 0; j < count; ++j) out[j] = first_key + j;
+        continue;
+      }
+      if (source == KEY) {  // as floats: exact below 2^24, which Python checked
+        float* out = f(slot);
+        for (int64_t j = 0; j < count; ++j) out[j] = static_cast<float>(first_key + j);
+        continue;
+      }
+      const at::Tensor& leaf = program_.leaves[in[3 * i + 2]];  // a per-key leaf
+      const int64_t offset = batch * leaf.stride(0) + head * leaf.stride(1), step = leaf.stride(3);
+      if (types_[slot] == FLOAT_VECTOR) {
+        const float* data = leaf.data_ptr<float>() + offset + first_key * step;
+        float* out = f(slot);
+        for (int64_t j = 0; j < count; ++j) out[j] = data[j * step];
+      } else {
+        const int64_t* data = leaf.data_ptr<int64_t>() + offset + first_key * step;
+        int64_t* out = n(slot);
+        for (int64_t j = 0; j < count; ++j) out[j] = data[j * step];
+      }
+    }
+  }
+
+  // out[j] = op(a[j], b[j]), a scalar operand read as its one value.
+  template <class A, class B, class R, class Op>
+  void binary(const A* a, bool a_vector, const B* b, bool b_vector, R* out, int64_t count,
+              Op op) {
+    if (a_vector && b_vector) {
+#pragma omp simd
+      for (int64_t j = 0; j < count; ++j) out[j] = op(a[j], b[j]);
+    } else if (a_vector) {
+      const B s = b[0];
+#pragma omp simd
+      for (int64_t j = 0; j < count; ++j) out[j] = op(a[j], s);
+    } else if (b_vector) {
+      const A s = a[0];
+#pragma omp simd
+      for (int64_t j = 0; j < count; ++j) out[j] = op(s, b[j]);
+    } else {
+      const R value = op(a[0], b[0]);
+      std::fill(out, out + count, value);
+    }
+  }
+
+  template <class A, class R, class Op>
+  void unary(const A* a, bool a_vector, R* out, int64_t count, Op op) {
+    if (a_vector) {
+#pragma omp simd
+      for (int64_t j = 0; j < count; ++j) out[j] = op(a[j]);
+    } else {
+      std::fill(out, out + count, op(a[0]));
+    }
+  }
+
+  // Runs every instruction on `count` keys; true when the last one wrote the output into
+  // `target` instead of its slot.
+  bool run(int64_t count, float* target) {
+    const int64_t* ops = program_.code.data_ptr<int64_t>();
+    const int64_t last = program_.code.size(0) - 1;
+    const bool direct = last >= 0 && ops[5 * last + 1] == program_.output;
+    for (int64_t i = 0; i <= last; ++i) {
+      const int64_t* op = ops + 5 * i;
+      const int64_t dst = op[1], a = op[2], b = op[3], c = op[4];
+      const bool av = vector(a), bv = op[0] == F_GATHER || op[0] == I_GATHER ? false : vector(b);
+      float* fo = direct && i == last ? target : f(dst);
+      int64_t* io = n(dst);
+      switch (op[0]) {
+        case F_ADD: binary(f(a), av, f(b), bv, fo, count, [](float x, float y) { return x + y; }); break;
+        case F_SUB: binary(f(a), av, f(b), bv, fo, count, [](float x, float y) { return x - y; }); break;
+        case F_MUL: binary(f(a), av, f(b), bv, fo, count, [](float x, float y) { return x * y; }); break;
+        case F_DIV: binary(f(a), av, f(b), bv, fo, count, [](float x, float y) { return x / y; }); break;
+        case F_MIN:  // NaN wins, as in torch.minimum
+          binary(f(a), av, f(b), bv, fo, count,
+                 [](float x, float y) { return (x < y || x != x) ? x : y; });
+          break;
+        case F_MAX:
+          binary(f(a), av, f(b), bv, fo, count,
+                 [](float x, float y) { return (x > y || x != x) ? x : y; });
+          break;
+        case F_NEG: unary(f(a), av, fo, count, [](float x) { return -x; }); break;
+        case F_ABS: unary(f(a), av, fo, count, [](float x) { return std::fabs(x); }); break;
+        case F_EXP: unary(f(a), av, fo, count, [](float x) { return std::exp(x); }); break;
+        case F_LOG: unary(f(a), av, fo, count, [](float x) { return std::log(x); }); break;
+        case F_SQRT: unary(f(a), av, fo, count, [](float x) { return std::sqrt(x); }); break;
+        case I_ADD: binary(n(a), av, n(b), bv, io, count, [](int64_t x, int64_t y) { return x + y; }); break;
+        case I_SUB: binary(n(a), av, n(b), bv, io, count, [](int64_t x, int64_t y) { return x - y; }); break;
+        case I_MUL: binary(n(a), av, n(b), bv, io, count, [](int64_t x, int64_t y) { return x * y; }); break;
+        case I_FLOOR_DIV:
+        case I_MOD: {
+          const int64_t* divisor = n(b);
+          for (int64_t j = 0; j < (bv ? count : 1); ++j) {
+            TORCH_CHECK(divisor[j] != 0, "ZeroDivisionError: integer division by zero in a mod");
+          }
+          if (op[0] == I_FLOOR_DIV) {
+            binary(n(a), av, n(b), bv, io, count, [](int64_t x, int64_t y) {
+              const int64_t q = x / y;
+              return (x % y != 0 && ((x < 0) != (y < 0))) ? q - 1 : q;
+            });
+          } else {
+            binary(n(a), av, n(b), bv, io, count, [](int64_t x, int64_t y) {
+              const int64_t r = x % y;
+              return (r != 0 && ((r < 0) != (y < 0))) ? r + y : r;
+            });
+          }
+          break;
+        }
+        case I_MIN: binary(n(a), av, n(b), bv, io, count, [](int64_t x, int64_t y) { return x < y ? x : y; }); break;
+        case I_MAX: binary(n(a), av, n(b), bv, io, count, [](int64_t x, int64_t y) { return x > y ? x : y; }); break;
+        case I_NEG: unary(n(a), av, io, count, [](int64_t x) { return -x; }); break;
+        case I_ABS: unary(n(a), av, io, count, [](int64_t x) { return x < 0 ? -x : x; }); break;
+        case F_LT: binary(f(a), av, f(b), bv, io, count, [](float x, float y) -> int64_t { return x < y; }); break;
+        case F_LE: binary(f(a), av, f(b), bv, io, count, [](float x, float y) -> int64_t { return x <= y; }); break;
+        case F_EQ: binary(f(a), av, f(b), bv, io, count, [](float x, float y) -> int64_t { return x == y; }); break;
+        case F_NE: binary(f(a), av, f(b), bv, io, count, [](float x, float y) -> int64_t { return x != y; }); break;
+        case I_LT: binary(n(a), av, n(b), bv, io, count, [](int64_t x, int64_t y) -> int64_t { return x < y; }); break;
+        case I_LE: binary(n(a), av, n(b), bv, io, count, [](int64_t x, int64_t y) -> int64_t { return x <= y; }); break;
+        case I_EQ: binary(n(a), av, n(b), bv, io, count, [](int64_t x, int64_t y) -> int64_t { return x == y; }); break;
+        case I_NE: binary(n(a), av, n(b), bv, io, count, [](int64_t x, int64_t y) -> int64_t { return x != y; }); break;
+        case I_AND: binary(n(a), av, n(b), bv, io, count, [](int64_t x, int64_t y) { return x & y; }); break;
+        case I_OR: binary(n(a), av, n(b), bv, io, count, [](int64_t x, int64_t y) { return x | y; }); break;
+        case I_XOR: binary(n(a), av, n(b), bv, io, count, [](int64_t x, int64_t y) { return x ^ y; }); break;
+        case I_NOT: unary(n(a), av, io, count, [](int64_t x) -> int64_t { return x ^ 1; }); break;
+        case TO_FLOAT: unary(n(a), av, fo, count, [](int64_t x) { return static_cast<float>(x); }); break;
+        case TO_INT: unary(f(a), av, io, count, [](float x) { return static_cast<int64_t>(x); }); break;
+        case F_WHERE:
+        case I_WHERE: {
+          const int64_t* condition = n(a);
+          const bool cv = av, xv = vector(b), yv = vector(c);
+          for (int64_t j = 0; j < count; ++j) {
+            const bool take = condition[cv ? j : 0] != 0;
+            if (op[0] == F_WHERE) {
+              fo[j] = take ? f(b)[xv ? j : 0] : f(c)[yv ? j : 0];
+            } else {
+              io[j] = take ? n(b)[xv ? j : 0] : n(c)[yv ? j : 0];
+            }
+          }
+          break;
+        }
+        case WRAP_INDEX: {
+          const int64_t size = n(b)[0];
+          const int64_t* index = n(a);
+          for (int64_t j = 0; j < (av ? count : 1); ++j) {
+            const int64_t at = index[j] < 0 ? index[j] + size : index[j];
+            TORCH_CHECK_INDEX(0 <= at && at < size, "index ", index[j],
+                              " is out of bounds for a dimension of size ", size);
+            io[j] = at;
+          }
+          if (!av) std::fill(io + 1, io + count, io[0]);
+          break;
+        }
+        case F_GATHER:
+        case I_GATHER: {
+          const at::Tensor& table = program_.tables[c];
+          const int64_t* index = n(a);
+          if (op[0] == F_GATHER) {
+            const float* data = table.data_ptr<float>();
+            for (int64_t j = 0; j < count; ++j) fo[j] = data[index[av ? j : 0]];
+          } else {
+            const int64_t* data = table.data_ptr<int64_t>();
+            for (int64_t j = 0; j < count; ++j) io[j] = data[index[av ? j : 0]];
+          }
+          break;
+        }
+        default: TORCH_CHECK(false, "unknown opcode ", op[0]);
+      }
+    }
+    return direct;
+  }
+
+  const ModProgram& program_;
+  int64_t slots_;
+  const int64_t* types_;
+  std::vector<float> floats_;
+  std::vector<int64_t> ints_;
+};
+
+}  // namespace playground_native

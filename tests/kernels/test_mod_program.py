@@ -1,0 +1,185 @@
+"""Mod programs (playground.kernels.mod_program): a mod's bias lowered into instructions
+that the native blocked kernels evaluate per row. Each lowered mod, run by the native
+forward and backward, equals dense attention with the bias torch computes from the same
+mod; what cannot be lowered says why and keeps the torch path; and a program that computes
+the wrong bias is caught by the contract suite's fast-versus-reference check."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import playground
+from playground.kernels import mod_scheduler as scheduler_module
+from playground.kernels import native
+from playground.kernels.blocked import program_attention
+from playground.kernels.mod_program import lower
+from playground.kernels.program_builder import OPCODES
+from playground.testing import check_attention
+from playground.testing.checks import check_fast_matches_reference
+
+needs_native = pytest.mark.skipif(
+    not native.build_state().available, reason=f"native kernels: {native.build_state().reason}"
+)
+H = 3
+SLOPES = torch.rand(H)
+TABLE = torch.randn(H, 64)
+DOCUMENT = torch.randint(0, 3, (200,))
+
+MODS = {
+    "alibi": lambda s, b, h, q, kv: s - SLOPES[h] * (q - kv).abs(),
+    "t5 table by clamped distance": lambda s, b, h, q, kv: s + TABLE[h, (kv - q).clamp(-31, 31) + 31],
+    "documents, floor division, remainder, division": lambda s, b, h, q, kv: s
+    + torch.where(DOCUMENT[q] == DOCUMENT[kv], 0.5, -1.0) * (q // 7 - kv % 5) / 3,
+    "reads b, exp and a large product": lambda s, b, h, q, kv: s
+    + 0.1 * b
+    + torch.exp(-((q * kv * 100_000) % 11).float())
+    - torch.sqrt((q + kv).float()),
+    "a per-key leaf and a minimum": lambda s, b, h, q, kv: s + torch.minimum(q - kv, DOCUMENT[kv]),
+}  # fmt: skip
+MASKS = {
+    "none": None,
+    "band, documents, a global key": lambda b, h, q, kv: (
+        ((q - kv).abs() <= 9) & (DOCUMENT[kv] != 2) | (kv == 0)
+    ),
+    "hides every key of some queries": lambda b, h, q, kv: (q % 4 != 1) & (kv <= q + 3),
+}
+
+
+def _grid(batch, n_q, n_k):
+    return (
+        torch.arange(batch).view(-1, 1, 1, 1),
+        torch.arange(H).view(1, -1, 1, 1),
+        torch.arange(n_q).view(1, 1, -1, 1),
+        torch.arange(n_k).view(1, 1, 1, -1),
+    )
+
+
+def _dense(q, k, v, mod, mask, keep, is_causal, scale):
+    b, h, q_idx, kv_idx = _grid(q.shape[0], q.shape[2], k.shape[2])
+    scores = q @ k.transpose(-1, -2) * scale
+    scores = mod(scores, b, h, q_idx, kv_idx).expand_as(scores)
+    allowed = torch.ones_like(scores, dtype=torch.bool)
+    if mask is not None:
+        allowed = allowed & mask(b, h, q_idx, kv_idx)
+    if is_causal:
+        allowed = allowed & (q_idx >= kv_idx)
+    if keep is not None:
+        allowed = allowed & keep[:, None, None, :]
+    scores = scores.masked_fill(~allowed, -math.inf)
+    return torch.softmax(scores, dim=-1).nan_to_num(0.0) @ v
+
+
+@needs_native
+@pytest.mark.parametrize("mod", MODS, ids=str)
+@pytest.mark.parametrize("mask", MASKS, ids=str)
+@pytest.mark.parametrize(
+    ("n_q", "n_k", "is_causal"), [(70, 70, False), (70, 70, True), (33, 90, False)]
+)
+def test_a_lowered_mod_equals_dense_attention_forward_and_backward(mod, mask, n_q, n_k, is_causal):
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (
+        torch.randn(2, H, n, 8, generator=generator, requires_grad=True) for n in (n_q, n_k, n_k)
+    )
+    keep = torch.ones(2, n_k, dtype=torch.bool)
+    keep[1, n_k - 20 :] = False
+    program = lower(MODS[mod], MASKS[mask], None, 2, H, n_q, n_k, keep, is_causal, q.device)
+    assert not isinstance(program, str), program
+    blocks = [(start, min(start + 16, n_q), 0, n_k) for start in range(0, n_q, 16)]
+    ours, log_sum_exp = program_attention(q, k, v, blocks, program, 0.3, lambda: None)
+    expected = _dense(q, k, v, MODS[mod], MASKS[mask], keep, is_causal, 0.3)
+    assert (ours - expected).abs().max() < 1e-5
+    sees_none = torch.isneginf(log_sum_exp)
+    assert bool((ours[sees_none] == 0).all())
+    weights = torch.randn_like(ours)
+    grads = torch.autograd.grad((ours * weights).sum(), (q, k, v))
+    expected_grads = torch.autograd.grad((expected * weights).sum(), (q, k, v))
+    for got, want in zip(grads, expected_grads, strict=True):
+        assert (got - want).abs().max() < 1e-4
+
+
+def test_index_arithmetic_runs_on_float_lanes_only_while_it_is_exact():
+    program = lower(MODS["alibi"], None, None, 1, H, 64, 64, None, False, torch.device("cpu"))
+    opcodes = {OPCODES[code] for code in program.code[:, 0].tolist()}
+    assert opcodes == {"F_SUB", "F_ABS", "F_MUL"}  # no int64 lanes, no conversion
+    large = lower(MODS["reads b, exp and a large product"], None, None, 1, H, 64, 64, None,
+                  False, torch.device("cpu"))  # fmt: skip
+    assert "I_MUL" in {OPCODES[code] for code in large.code[:, 0].tolist()}  # q·kv·1e5 > 2^24
+
+
+@pytest.mark.parametrize(
+    ("mod", "reason"),
+    [
+        (lambda s, b, h, q, kv: s + torch.sin((q - kv).float()), "sin"),
+        (lambda s, b, h, q, kv: s + (q - kv).to(torch.float64), "float64"),
+        (lambda s, b, h, q, kv: s + TABLE[:, q - kv], "indexing other than"),
+    ],
+)
+def test_what_cannot_be_lowered_says_why(mod, reason):
+    program = lower(mod, None, None, 1, H, 16, 16, None, False, torch.device("cpu"))
+    assert isinstance(program, str) and reason in program
+
+
+@needs_native
+def test_an_index_out_of_range_fails_as_torch_does():
+    mod = lambda s, b, h, q, kv: s + TABLE[h, q - kv]  # noqa: E731  (q − kv = 70 > 63)
+    program = lower(mod, None, None, 1, H, 80, 80, None, False, torch.device("cpu"))
+    q = torch.randn(1, H, 80, 8)
+    with pytest.raises(IndexError, match="out of bounds"):
+        program_attention(q, q, q, [(0, 80, 0, 80)], program, 1.0, lambda: None)
+
+
+class _WindowedAlibi(playground.SoftmaxAttention):
+    name, summary, paper = "windowed_alibi_for_tests", "-", "-"
+    additive_score_mod = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register_buffer("slopes", torch.linspace(0.2, 1.0, self.num_heads))
+        self.window = 5
+
+    def score_mod(self, score, b, h, q_idx, kv_idx):
+        return score - self.slopes[h] * (q_idx - kv_idx).abs()
+
+    def mask_mod(self, b, h, q_idx, kv_idx):
+        return (q_idx - kv_idx).abs() <= self.window
+
+
+@needs_native
+def test_the_module_takes_the_program_and_reads_plain_values_on_every_call(monkeypatch):
+    calls = []
+    monkeypatch.setattr(
+        scheduler_module,
+        "program_attention",
+        lambda *args: calls.append(1) or program_attention(*args),
+    )
+    module = _WindowedAlibi(16, 4).eval()
+    x = torch.randn(2, 50, 16)
+    with torch.no_grad():
+        for window in (5, 20):  # a plain int the mask reads, changed between calls
+            module.window = window
+            fast = module(x).output
+            reference = module.forward_reference(x, x, x, None, False, False).output
+            assert (fast - reference).abs().max() < 1e-5
+    assert len(calls) == 2
+
+
+class _DropsTheBias(_WindowedAlibi):
+    """A program whose bias is lost: the kernel sees the mask only."""
+
+    name = "drops_the_bias_for_tests"
+
+
+@needs_native
+def test_the_suite_catches_a_program_that_computes_the_wrong_bias(monkeypatch):
+    def wrong(score_mod, mask_mod, owner, *args):
+        return lower(None, mask_mod, owner, *args)  # the score_mod forgotten
+
+    monkeypatch.setattr("playground.softmax_attention.lower", wrong)
+    report = check_attention(_DropsTheBias, checks=[check_fast_matches_reference])
+    assert report.verdict_of("check_fast_matches_reference") == "failed"
+    monkeypatch.undo()
+    report = check_attention(_WindowedAlibi, checks=[check_fast_matches_reference])
+    assert report.verdict_of("check_fast_matches_reference") == "passed"
