@@ -66,14 +66,14 @@ from playground.heads import (
     project_output,
     projection_flops,
 )
-from playground.kernels import relative_bias_attention
+from playground.kernels import native, relative_bias_attention
 from playground.kernels.flex import flex_mod_attention
 from playground.kernels.key_bias import key_bias_attention
 from playground.kernels.mod_grid import allowed_pairs, index_grid
-from playground.kernels.mod_program import lower
+from playground.kernels.mod_program import ModProgram, lower
 from playground.kernels.mod_scheduler import ModScheduler
 from playground.masks import masked_softmax, queries_without_keys
-from playground.mod_structure import ModStructure, trace_structure
+from playground.mod_structure import ModStructure, relative_mask, trace_structure
 
 
 @dataclass(frozen=True)
@@ -227,6 +227,33 @@ class SoftmaxAttention(AttentionVariant):
             self.__dict__["_traced_structure"] = traced
         return traced
 
+    def cpu_kernel(self, n: int = 4096, training: bool = False) -> str:
+        """Which kernel the float32 CPU fast path runs on n tokens of self-attention
+        without padding, and why: what `playground info` and the run's rows report."""
+        if not (self._has_score_mod or self._has_mask_mod):
+            return "one fused SDPA call (no mods)"
+        if self._has_score_mod and self._per_key and not self._has_mask_mod:
+            return "the bias folded into the keys: one fused SDPA call"
+        if self._has_score_mod and not self._additive:
+            return "blocks of explicit scores on torch's operations (the score_mod is not additive)"
+        if native.load() is None:
+            reason = f"the native kernels are not built ({native.build_state().reason})"
+        else:
+            device = next(self.parameters()).device
+            score_mod = self.score_mod if self._has_score_mod else None
+            mask_mod = self.mask_mod if self._has_mask_mod else None
+            program = lower(score_mod, mask_mod, self, 1, self.num_heads, n, n, None, False, device)
+            if isinstance(program, ModProgram) and not (program.needs_grad and training):
+                return "per row in the native kernels (a mod program)"
+            reason = (
+                f"the program cannot express {program}"
+                if isinstance(program, str)
+                else "the bias needs a gradient, which the program cannot give"
+            )
+        if self._has_score_mod and self._relative and not self._has_mask_mod:
+            return f"a Toeplitz bias (relative_bias_attention): {reason}"
+        return f"blocks on torch's operations: {reason}"
+
     @property
     def _additive(self) -> bool:
         return self.score_mod_structure().kind in ("additive", "relative")
@@ -244,6 +271,15 @@ class SoftmaxAttention(AttentionVariant):
     @property
     def _has_mask_mod(self) -> bool:
         return type(self).mask_mod is not SoftmaxAttention.mask_mod
+
+    @property
+    def _relative_mask(self) -> bool:
+        """The mask_mod is proven a function of h and kv_idx − q_idx (once per module)."""
+        if not self._has_mask_mod:
+            return False
+        if "_traced_relative_mask" not in self.__dict__:
+            self.__dict__["_traced_relative_mask"] = relative_mask(self.mask_mod, owner=self)
+        return bool(self.__dict__["_traced_relative_mask"])
 
     def _output(
         self, context: torch.Tensor, query: torch.Tensor, empty: torch.Tensor | None
@@ -561,6 +597,7 @@ class SoftmaxAttention(AttentionVariant):
             scale=self.scale,
             block_size=self.config.block_size,
             program=functools.partial(lower, score_mod, mask_mod, self) if lowerable else None,
+            relative_mask=self._relative_mask,
         )
 
 

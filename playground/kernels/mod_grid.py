@@ -1,6 +1,7 @@
 """How the mods are called (`SoftmaxAttention`'s score_mod and mask_mod, FlexAttention's
-convention): their protocols, the broadcast index grid they are evaluated on, and the
-pairs a mask_mod, causality and padding allow together."""
+convention): their protocols, the broadcast index grid they are evaluated on, the pairs a
+mask_mod, causality and padding allow together, and the spans of keys blocks of queries
+see (`Span`, merged into the coarsest blocks that compute barely more pairs)."""
 
 from __future__ import annotations
 
@@ -80,3 +81,78 @@ class ProgramOf(Protocol):
         is_causal: bool,
         device: torch.device,
     ) -> ModProgram | str: ...
+
+
+Span = tuple[int, int, int, int]
+"""(start, stop, key_start, key_stop): a block of queries and the keys it may see."""
+PROGRAM_FINE_BLOCK = 64
+"""The program path's spans are found per this many queries, then merged into the largest
+blocks (up to block_size) that compute barely more pairs: a narrow band keeps blocks
+small, where a block of 256 over a band of 129 keys would compute three times its pairs,
+and dense attention keeps them large, where the products are most efficient."""
+MERGE_SLACK = 1.1
+"""How many more (query, key) pairs a coarser block may compute than the finest."""
+
+
+def coarsest_spans(fine: list[Span], block_size: int) -> list[Span]:
+    """`fine` spans (consecutive blocks of queries) merged in groups of 2^k, for the largest
+    2^k · fine block ≤ block_size whose blocks compute at most MERGE_SLACK times the
+    finest's (query, key) pairs; a merged block sees the hull of its parts' keys."""
+
+    def merged(group: int) -> list[Span]:
+        spans = []
+        for first in range(0, len(fine), group):
+            part = [span for span in fine[first : first + group]]
+            seen = [span for span in part if span[3] > span[2]]
+            key_start = min((span[2] for span in seen), default=0)
+            key_stop = max((span[3] for span in seen), default=0)
+            spans.append((part[0][0], part[-1][1], key_start, key_stop))
+        return spans
+
+    def pairs(spans: list[Span]) -> int:
+        return sum(
+            (stop - start) * (key_stop - key_start) for start, stop, key_start, key_stop in spans
+        )
+
+    if not fine:
+        return fine
+    rows = fine[0][1] - fine[0][0]
+    best, group = fine, 2
+    while rows * group <= block_size:
+        candidate = merged(group)
+        if pairs(candidate) > MERGE_SLACK * pairs(fine):
+            break
+        best, group = candidate, group * 2
+    return best
+
+
+def offset_spans(
+    mask_mod: MaskMod,
+    heads: int,
+    n_q: int,
+    n_k: int,
+    is_causal: bool,
+    device: torch.device,
+    block: int,
+) -> list[Span]:
+    """`ModScheduler.key_spans` of a relative mask_mod (a function of h and kv − q only): the offsets r = kv − q it allows (in any
+    head, evaluated at in-range pairs (−r, 0) or (0, r), as for a relative score_mod),
+    and for each block of queries the hull of q + r over them, within the keys."""
+    offsets = torch.arange(-(n_q - 1), n_k, device=device)
+    b, h, q_idx, kv_idx = index_grid(1, heads, (-offsets).clamp(min=0), offsets.clamp(min=0))
+    allowed = mask_mod(b, h, q_idx.view(1, 1, 1, -1), kv_idx)  # (1, H or 1, 1, R)
+    allowed = allowed.reshape(-1, len(offsets)).any(dim=0)
+    if is_causal:
+        allowed &= offsets <= 0
+    seen = offsets[allowed]  # the offsets some query may see, ascending
+    spans = []
+    for start in range(0, n_q, block):
+        stop = min(start + block, n_q)
+        # Offsets that reach a key from some query of the block.
+        reach = seen[(start + seen <= n_k - 1) & (stop - 1 + seen >= 0)]
+        if len(reach) == 0:
+            spans.append((start, stop, 0, 0))
+            continue
+        first, last = int(reach[0]), int(reach[-1])
+        spans.append((start, stop, max(0, start + first), min(n_k, stop + last)))
+    return spans

@@ -34,12 +34,12 @@ import torch.fx
 
 from playground.kernels.program_builder import Builder, ModProgram, NotLowered, Slot, dtype_of
 from playground.kernels.program_operations import lower_lookup, lower_node
-from playground.mod_structure import trace_mod
+from playground.mod_structure import TracedMod, trace_mod
 
 __all__ = ["ModProgram", "lower"]
 
 
-def _run_graph(builder: Builder, module: torch.fx.GraphModule, arguments: dict[str, Any]) -> Any:
+def _run_graph(builder: Builder, traced: TracedMod, arguments: dict[str, Any]) -> Any:
     """The graph's output: a slot where it reads q_idx and kv_idx together, else torch's
     value. Each node is evaluated by torch when its reads allow, else lowered."""
     values: dict[torch.fx.Node, Any] = {}
@@ -48,13 +48,13 @@ def _run_graph(builder: Builder, module: torch.fx.GraphModule, arguments: dict[s
     def substitute(argument: Any) -> Any:
         return torch.fx.node.map_arg(argument, lambda node: values[node])
 
-    for node in module.graph.nodes:
+    for node in traced.graph.nodes:
         parents = frozenset().union(*(reads[p] for p in node.all_input_nodes))
         reads[node] = parents | ({node.target} if node.op == "placeholder" else set())
         if node.op == "placeholder":
             values[node] = arguments[node.target]
         elif node.op == "get_attr":
-            value: Any = module
+            value: Any = traced.root
             for part in str(node.target).split("."):
                 value = getattr(value, part)
             values[node] = value

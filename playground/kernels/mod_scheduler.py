@@ -37,7 +37,17 @@ from playground.kernels import native
 from playground.kernels.biased import biased_attention
 from playground.kernels.blocked import blocked_attention, program_attention
 from playground.kernels.common import transforms_active
-from playground.kernels.mod_grid import MaskMod, ProgramOf, ScoreMod, allowed_pairs, index_grid
+from playground.kernels.mod_grid import (
+    PROGRAM_FINE_BLOCK,
+    MaskMod,
+    ProgramOf,
+    ScoreMod,
+    Span,
+    allowed_pairs,
+    coarsest_spans,
+    index_grid,
+    offset_spans,
+)
 from playground.kernels.mod_program import ModProgram
 from playground.masks import masked_softmax
 
@@ -47,9 +57,6 @@ SPAN_CHUNK_ELEMENTS = 2**16
 """How many (q, kv) entries `mask_mod` is evaluated on per call while finding each block's
 key span: the whole (Nq, Nk) grid is visited on every call, and at this size a mod's
 integer intermediates stay in cache."""
-
-Span = tuple[int, int, int, int]
-"""(start, stop, key_start, key_stop): a block of queries and the keys it may see."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,9 @@ class ModScheduler:
     program: ProgramOf | None = None
     """This call's mods as a program for the native kernels (`kernels.mod_program.lower`
     with the mods bound), or None: the blocks then run on torch's operations."""
+    relative_mask: bool = False
+    """mask_mod is proven a function of h and kv_idx − q_idx (`mod_structure.relative_mask`):
+    the key spans then come from the offsets it allows, O(Nq + Nk)."""
     _lowered: dict[tuple, ModProgram | str] = field(default_factory=dict, compare=False)
 
     def score_per_offset(self, heads: int, n_q: int, n_k: int, like: torch.Tensor) -> torch.Tensor:
@@ -84,7 +94,14 @@ class ModScheduler:
         return bias.to(like.dtype).broadcast_to(1, heads, 1, len(offsets))[0, :, 0]
 
     def key_spans(
-        self, batch: int, heads: int, n_q: int, n_k: int, is_causal: bool, device: torch.device
+        self,
+        batch: int,
+        heads: int,
+        n_q: int,
+        n_k: int,
+        is_causal: bool,
+        device: torch.device,
+        block: int | None = None,
     ) -> list[Span]:
         """Per block of queries: (start, stop, key_start, key_stop), the keys from the
         first to the last any of its queries may see under mask_mod and causality (the
@@ -94,7 +111,10 @@ class ModScheduler:
         state that changes between calls of one shape (document ids set per batch, a
         window a schedule widens), and spans kept from an earlier call would silently
         drop the keys it now allows."""
-        spans, block = [], self.block_size
+        block = block or self.block_size
+        if self.mask_mod is not None and self.relative_mask:
+            return offset_spans(self.mask_mod, heads, n_q, n_k, is_causal, device, block)
+        spans = []
         keys = torch.arange(n_k, device=device)
         # Rows per evaluation of the mod, so that its intermediates stay small.
         rows = max(1, min(block, SPAN_CHUNK_ELEMENTS // n_k))
@@ -271,9 +291,11 @@ class ModScheduler:
             context = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=self.scale)
             return context, None
         batch, heads, n_q, n_k = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
-        spans = self.key_spans(batch, heads, n_q, n_k, is_causal, q.device)
         program = self.lowered(batch, heads, n_q, n_k, attention_mask, is_causal, q)
+        fine = min(self.block_size, PROGRAM_FINE_BLOCK) if program is not None else None
+        spans = self.key_spans(batch, heads, n_q, n_k, is_causal, q.device, fine)
         if program is not None:
+            spans = coarsest_spans(spans, self.block_size)
 
             def recompute() -> torch.Tensor:  # torch's operations, for create_graph=True
                 return self.attend_blocks(q, k, v, spans, attention_mask, is_causal)[0]

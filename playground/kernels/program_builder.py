@@ -119,6 +119,10 @@ class Builder:
     tables: list[torch.Tensor] = field(default_factory=list)
     code: list[tuple[int, int, int, int, int]] = field(default_factory=list)
     needs_grad: bool = False
+    _emitted: dict[tuple, Slot] = field(default_factory=dict)
+    """Instructions by opcode and operands: the score_mod's and mask_mod's common parts
+    (both often compute |q_idx − kv_idx|) are computed once."""
+    _constant_slots: dict[tuple[float, torch.dtype], Slot] = field(default_factory=dict)
     _materialized: dict[int, tuple[torch.Tensor, Slot]] = field(default_factory=dict)
     """Leaves by the id of the tensor they hold, which is kept alive with them (a freed
     tensor's id is reused)."""
@@ -140,11 +144,13 @@ class Builder:
         return Slot(len(self.slot_types) - 1, is_float, vector, dtype, bounds)
 
     def constant(self, value: float | int | bool, dtype: torch.dtype) -> Slot:
-        is_float = dtype.is_floating_point
-        slot = self.slot(is_float, False, dtype)
-        self.inputs.append((slot.index, CONSTANT, len(self.constants)))
-        self.constants.append(float(value))
-        return slot
+        key = (float(value), dtype)
+        if key not in self._constant_slots:
+            slot = self.slot(dtype.is_floating_point, False, dtype)
+            self.inputs.append((slot.index, CONSTANT, len(self.constants)))
+            self.constants.append(float(value))
+            self._constant_slots[key] = slot
+        return self._constant_slots[key]
 
     def emit(
         self,
@@ -155,9 +161,16 @@ class Builder:
         c: Slot | int | None = None,
         bounds: tuple[int, int] | None = None,
     ) -> Slot:
-        out = self.slot(dtype.is_floating_point or bounds is not None, True, dtype, bounds)
         c_index = c if isinstance(c, int) else (c.index if c is not None else a.index)
-        self.code.append((OP[opcode], out.index, a.index, (b or a).index, c_index))
+        operands = (OP[opcode], a.index, (b or a).index, c_index)
+        key = (*operands, dtype, bounds)
+        if key in self._emitted:  # the same operation on the same slots: computed once
+            return self._emitted[key]
+        # A result is per key when an operand is (a gather's table number is no operand).
+        vector = a.vector or (b is not None and b.vector) or (isinstance(c, Slot) and c.vector)
+        out = self.slot(dtype.is_floating_point or bounds is not None, vector, dtype, bounds)
+        self.code.append((operands[0], out.index, *operands[1:]))
+        self._emitted[key] = out
         return out
 
     def value(self, value: Any, dtype: torch.dtype | None = None) -> Slot:
@@ -204,11 +217,16 @@ class Builder:
                 raise NotLowered(f"an intermediate of shape {tuple(tensor.shape)}")
             self.needs_grad |= tensor.requires_grad
             dtype = storage_dtype(tensor.dtype)
-            data = tensor.reshape(shape).to(dtype)
+            bounds = None
+            if tensor.dtype == torch.int64 and tensor.numel() > 0:  # exact as floats?
+                low, high = int(tensor.min()), int(tensor.max())
+                if max(abs(low), abs(high)) <= EXACT:
+                    dtype, bounds = torch.float32, (low, high)
+            data = tensor.detach().reshape(shape).to(dtype)
             n_q = self.n_q if shape[2] > 1 else 1
             n_k = self.n_k if shape[3] > 1 else 1
             self.leaves.append(data.expand(self.batch, self.heads, n_q, n_k))
-            slot = self.slot(dtype.is_floating_point, n_k > 1, tensor.dtype)
+            slot = self.slot(dtype.is_floating_point, n_k > 1, tensor.dtype, bounds)
             self.inputs.append((slot.index, LEAF, len(self.leaves) - 1))
         self._materialized[key] = (tensor, slot)
         return slot

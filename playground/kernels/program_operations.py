@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from playground.kernels.program_builder import (
+    EXACT,
     Builder,
     NotLowered,
     Slot,
@@ -168,9 +169,9 @@ def lower_lookup(builder: Builder, table: Any, index: Any) -> Slot:
         raise NotLowered("indexing other than one integer index per dimension of a table")
     if table.numel() == 0:
         raise NotLowered("indexing an empty table")
-    flat: Slot | None = None
+    flat = _exact_flat_index(builder, table, indices)
     stride = 1
-    for position in reversed(range(table.dim())):
+    for position in reversed(range(table.dim()) if flat is None else ()):
         index_value = indices[position]
         if dtype_of(index_value) != torch.int64:
             raise NotLowered(f"an index of dtype {dtype_of(index_value)}")
@@ -190,3 +191,29 @@ def lower_lookup(builder: Builder, table: Any, index: Any) -> Slot:
     opcode = "F_GATHER" if dtype.is_floating_point else "I_GATHER"
     assert flat is not None
     return builder.emit(opcode, table.dtype, flat, flat, len(builder.tables) - 1)
+
+
+def _exact_flat_index(builder: Builder, table: torch.Tensor, indices: tuple) -> Slot | None:
+    """The flat index of table[indices] computed on float lanes, exactly, when every index
+    is known to lie within its dimension (no wrapping, nothing out of range) and the table
+    is within ±2^24 entries; None otherwise."""
+    if table.numel() > EXACT:
+        return None
+    values = [builder.value(i) if isinstance(i, torch.Tensor) else i for i in indices]
+    for value, size in zip(values, table.shape, strict=True):
+        bounds = bounds_of(value)
+        if bounds is None or bounds[0] < 0 or bounds[1] >= size:
+            return None
+    flat: Any = 0
+    for value, stride in zip(values, table.stride(), strict=True):
+        term = value if stride == 1 else exact_integer_op(builder, "MUL", value, stride)
+        flat = (
+            term
+            if isinstance(flat, int) and flat == 0
+            else exact_integer_op(builder, "ADD", flat, term)
+        )
+        if flat is None or term is None:
+            return None
+    if not isinstance(flat, Slot):
+        return None
+    return builder.value(flat, torch.int64)  # converted once, for the gather

@@ -1,7 +1,8 @@
 """Which path a score_mod takes, and what it costs: ALiBi written as a score_mod three ways
 (nothing declared, `additive_score_mod`, `relative_score_mod`), the README's example as
-written, a learned bias per key (additive, not relative) and the shipped alibi, each with
-the trace's verdict, timed in one process against the machine's GEMM rate.
+written, three additive biases that are not relative (a learned bias per key, a bias from
+document ids, a learned bias per pair of blocks) and the shipped alibi, each with the
+trace's verdict, timed in one process against the machine's GEMM rate.
 
     python -m tests.benchmarks.score_mod_paths                # forward, n = 4096
     python -m tests.benchmarks.score_mod_paths --pass forward_backward --seq-len 2048
@@ -70,6 +71,34 @@ class BiasPerKey(SoftmaxAttention):
         return score + self.key_bias[kv_idx]
 
 
+class DocumentBias(SoftmaxAttention):
+    """A data-dependent bias: −1 between tokens of different documents (ids in a buffer
+    set per batch), additive, reading q_idx and kv_idx apart."""
+
+    name, summary, paper = "a bias from document ids (data-dependent)", "-", "-"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register_buffer("document", torch.arange(8192) // 700)
+
+    def score_mod(self, score, b, h, q_idx, kv_idx):
+        return score + torch.where(self.document[q_idx] == self.document[kv_idx], 0.0, -1.0)
+
+
+class LearnedBlockBias(SoftmaxAttention):
+    """A learned bias per head and pair of 256-token blocks: additive, reads q_idx and
+    kv_idx apart, and needs a gradient."""
+
+    name, summary, paper = "a learned bias per pair of blocks (needs a gradient)", "-", "-"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.table = torch.nn.Parameter(0.1 * torch.randn(self.num_heads, 32, 32))
+
+    def score_mod(self, score, b, h, q_idx, kv_idx):
+        return score + self.table[h, q_idx // 256, kv_idx // 256]
+
+
 def readme_example() -> type[SoftmaxAttention]:
     """The README's score_mod example, copied as written."""
     block = re.search(r"```python\n(class MyAttention.*?)```", README.read_text(), re.S)
@@ -102,11 +131,19 @@ def main() -> None:
     arguments = parser.parse_args()
     n, training = arguments.seq_len, arguments.pass_name == "forward_backward"
     gemm = gemm_flops_per_second(threads=arguments.threads)
-    classes = [AlibiUndeclared, AlibiAdditive, AlibiRelative, readme_example(), BiasPerKey]
+    classes = [
+        AlibiUndeclared,
+        AlibiAdditive,
+        AlibiRelative,
+        readme_example(),
+        BiasPerKey,
+        DocumentBias,
+        LearnedBlockBias,
+    ]
     table = Table(
         title=f"{arguments.pass_name}, n = {n}, fp32, batch 1, d_model 512, 8 heads, {arguments.threads} threads; GEMM {gemm / 1e9:.0f} GFLOP/s"
     )
-    for column in ("score_mod", "path (trace verdict)", "time ms", "efficiency vs GEMM"):
+    for column in ("score_mod", "path (trace verdict)", "CPU kernel", "time ms", "efficiency"):
         table.add_column(column)
     modules = [(cls.name, cls(512, 8)) for cls in classes]
     modules.append(("the shipped alibi", playground.build("alibi")))
@@ -128,6 +165,7 @@ def main() -> None:
         table.add_row(
             label,
             str(module.score_mod_structure()),
+            module.cpu_kernel(n, training=training),
             f"{timing.median_s * 1e3:.0f}",
             f"{efficiency:.2f}",
         )

@@ -15,6 +15,7 @@ import playground
 from playground.kernels import mod_scheduler as scheduler_module
 from playground.kernels import native
 from playground.kernels.blocked import program_attention
+from playground.kernels.mod_grid import coarsest_spans
 from playground.kernels.mod_program import lower
 from playground.kernels.program_builder import OPCODES
 from playground.testing import check_attention
@@ -183,3 +184,50 @@ def test_the_suite_catches_a_program_that_computes_the_wrong_bias(monkeypatch):
     monkeypatch.undo()
     report = check_attention(_WindowedAlibi, checks=[check_fast_matches_reference])
     assert report.verdict_of("check_fast_matches_reference") == "passed"
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [
+        lambda b, h, q, kv: (q - kv).abs() <= 5,
+        lambda b, h, q, kv: (kv - q >= -7) & (kv - q <= 2 * h),  # per-head, one-sided
+        lambda b, h, q, kv: (q - kv) % 9 == 0,  # dilated: holes inside the span
+        lambda b, h, q, kv: (q - kv).abs() > 1000,  # sees nothing
+    ],
+)
+@pytest.mark.parametrize(
+    ("n_q", "n_k", "is_causal"), [(70, 70, False), (70, 70, True), (20, 90, False)]
+)
+def test_a_relative_mask_gives_the_spans_the_grid_gives(mask, n_q, n_k, is_causal):
+    from playground.mod_structure import relative_mask
+
+    assert relative_mask(mask)
+    kwargs = dict(score_mod=None, mask_mod=mask, additive=True, scale=1.0, block_size=16)
+    by_offsets = scheduler_module.ModScheduler(**kwargs, relative_mask=True)
+    by_grid = scheduler_module.ModScheduler(**kwargs)
+    for block in (None, 8):
+        assert by_offsets.key_spans(1, H, n_q, n_k, is_causal, torch.device("cpu"), block) == (
+            by_grid.key_spans(1, H, n_q, n_k, is_causal, torch.device("cpu"), block)
+        )
+
+
+@pytest.mark.parametrize(
+    ("mask", "relative"),
+    [
+        (lambda b, h, q, kv: (q - kv).abs() <= 5, True),
+        (lambda b, h, q, kv: (q - kv).abs() <= 5 + b, False),  # reads b
+        (lambda b, h, q, kv: (q - kv).abs() <= q // 10, False),  # q apart
+        (lambda b, h, q, kv: DOCUMENT[q] == DOCUMENT[kv], False),
+    ],
+)
+def test_a_mask_is_relative_only_when_its_trace_proves_it(mask, relative):
+    from playground.mod_structure import relative_mask
+
+    assert relative_mask(mask) is relative
+
+
+def test_merged_spans_keep_a_band_in_small_blocks_and_dense_attention_in_large_ones():
+    band = [(s, s + 16, max(0, s - 8), min(256, s + 24)) for s in range(0, 256, 16)]
+    dense = [(s, s + 16, 0, 256) for s in range(0, 256, 16)]
+    assert coarsest_spans(band, 128) == band  # merging would add pairs
+    assert coarsest_spans(dense, 128) == [(0, 128, 0, 256), (128, 256, 0, 256)]

@@ -156,7 +156,9 @@ std::vector<at::Tensor> forward_blocks(const at::Tensor& q, const at::Tensor& k,
   int64_t widest = 1;
   const Block* blocks_ = checked_blocks(blocks, masks, n_q, n_k, batches, heads, &widest);
   const int64_t num_blocks = blocks.size(0);
-  auto out = at::zeros({batches, heads, n_q, d}, q.options());
+  // The output in (B, Nq, H, d) memory, seen as (B, H, Nq, d): merging the heads for the
+  // output projection is then a view, not a copy.
+  at::Tensor out = at::zeros({batches, n_q, heads, d}, q.options()).permute({0, 2, 1, 3});
   at::Tensor log_sum_exp = at::full({batches, heads, n_q}, Source::empty_log_sum_exp, q.options());
   if (out.numel() == 0 || n_k == 0) return {out, log_sum_exp};
   const float scale = static_cast<float>(scale_);
@@ -177,7 +179,8 @@ std::vector<at::Tensor> forward_blocks(const at::Tensor& q, const at::Tensor& k,
       const float* qh = rows_of(q, batch, head);
       const float* kh = rows_of(k, batch, head);
       const float* vh = rows_of(v, batch, head);
-      float* oh = out.data_ptr<float>() + pair * n_q * d;
+      float* oh = out.data_ptr<float>() + batch * out.stride(0) + head * out.stride(1);
+      const int64_t ldo = out.stride(2);
       float* lse = log_sum_exp.data_ptr<float>() + pair * n_q;
       for (int64_t i = 0; i < num_blocks; ++i) {
         const Block& block = blocks_[i];
@@ -224,12 +227,12 @@ std::vector<at::Tensor> forward_blocks(const at::Tensor& q, const at::Tensor& k,
           lse[block.start + r] = sum > 0.0f ? top + std::log(sum) : Source::empty_log_sum_exp;
         }
         // O = (exp(S − m) v) / s: each output row scaled once, rather than every weight.
-        float* o_tile = oh + block.start * d;
-        matmul(false, false, rows, d, span, 1.0f, p, span, v_span, ldv, 0.0f, o_tile, d);
+        float* o_tile = oh + block.start * ldo;
+        matmul(false, false, rows, d, span, 1.0f, p, span, v_span, ldv, 0.0f, o_tile, ldo);
         for (int64_t r = 0; r < rows; ++r) {
           const float factor = inverse[r];
 #pragma omp simd
-          for (int64_t c = 0; c < d; ++c) o_tile[r * d + c] *= factor;
+          for (int64_t c = 0; c < d; ++c) o_tile[r * ldo + c] *= factor;
         }
       }
     }

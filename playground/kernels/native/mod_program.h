@@ -244,15 +244,41 @@ class ProgramRun {
     }
   }
 
+  // out[j] = condition[j] ? x[j] : y[j], each operand a vector or a scalar; the usual
+  // case, a vector condition and value with a scalar fill (−inf), in one simd loop.
+  template <class T>
+  static void where(const int64_t* condition, bool cv, const T* x, bool xv, const T* y,
+                    bool yv, T* out, int64_t count) {
+    if (cv && xv && !yv) {
+      const T fill = y[0];
+#pragma omp simd
+      for (int64_t j = 0; j < count; ++j) out[j] = condition[j] != 0 ? x[j] : fill;
+      return;
+    }
+    if (cv && !xv && !yv) {  // a mask alone: where(allowed, 0, −inf)
+      const T take = x[0], fill = y[0];
+#pragma omp simd
+      for (int64_t j = 0; j < count; ++j) out[j] = condition[j] != 0 ? take : fill;
+      return;
+    }
+    for (int64_t j = 0; j < count; ++j) {
+      out[j] = condition[cv ? j : 0] != 0 ? x[xv ? j : 0] : y[yv ? j : 0];
+    }
+  }
+
   // Runs every instruction on `count` keys; true when the last one wrote the output into
   // `target` instead of its slot.
   bool run(int64_t count, float* target) {
     const int64_t* ops = program_.code.data_ptr<int64_t>();
     const int64_t last = program_.code.size(0) - 1;
-    const bool direct = last >= 0 && ops[5 * last + 1] == program_.output;
+    const bool direct = last >= 0 && ops[5 * last + 1] == program_.output &&
+                        types_[program_.output] == FLOAT_VECTOR;
+    const int64_t keys = count;
     for (int64_t i = 0; i <= last; ++i) {
       const int64_t* op = ops + 5 * i;
       const int64_t dst = op[1], a = op[2], b = op[3], c = op[4];
+      // An instruction whose operands are all per-row scalars computes one value.
+      count = vector(dst) ? keys : 1;
       const bool av = vector(a), bv = op[0] == F_GATHER || op[0] == I_GATHER ? false : vector(b);
       float* fo = direct && i == last ? target : f(dst);
       int64_t* io = n(dst);
@@ -314,20 +340,8 @@ class ProgramRun {
         case I_NOT: unary(n(a), av, io, count, [](int64_t x) -> int64_t { return x ^ 1; }); break;
         case TO_FLOAT: unary(n(a), av, fo, count, [](int64_t x) { return static_cast<float>(x); }); break;
         case TO_INT: unary(f(a), av, io, count, [](float x) { return static_cast<int64_t>(x); }); break;
-        case F_WHERE:
-        case I_WHERE: {
-          const int64_t* condition = n(a);
-          const bool cv = av, xv = vector(b), yv = vector(c);
-          for (int64_t j = 0; j < count; ++j) {
-            const bool take = condition[cv ? j : 0] != 0;
-            if (op[0] == F_WHERE) {
-              fo[j] = take ? f(b)[xv ? j : 0] : f(c)[yv ? j : 0];
-            } else {
-              io[j] = take ? n(b)[xv ? j : 0] : n(c)[yv ? j : 0];
-            }
-          }
-          break;
-        }
+        case F_WHERE: where(n(a), av, f(b), vector(b), f(c), vector(c), fo, count); break;
+        case I_WHERE: where(n(a), av, n(b), vector(b), n(c), vector(c), io, count); break;
         case WRAP_INDEX: {
           const int64_t size = n(b)[0];
           const int64_t* index = n(a);
@@ -344,9 +358,12 @@ class ProgramRun {
         case I_GATHER: {
           const at::Tensor& table = program_.tables[c];
           const int64_t* index = n(a);
-          if (op[0] == F_GATHER) {
+          if (op[0] == F_GATHER && av) {
             const float* data = table.data_ptr<float>();
-            for (int64_t j = 0; j < count; ++j) fo[j] = data[index[av ? j : 0]];
+#pragma omp simd
+            for (int64_t j = 0; j < count; ++j) fo[j] = data[index[j]];
+          } else if (op[0] == F_GATHER) {
+            std::fill(fo, fo + count, table.data_ptr<float>()[index[0]]);
           } else {
             const int64_t* data = table.data_ptr<int64_t>();
             for (int64_t j = 0; j < count; ++j) io[j] = data[index[av ? j : 0]];
