@@ -227,9 +227,10 @@ class SoftmaxAttention(AttentionVariant):
             self.__dict__["_traced_structure"] = traced
         return traced
 
-    def cpu_kernel(self, n: int = 4096, training: bool = False) -> str:
+    def cpu_kernel(self, n: int = 4096) -> str:
         """Which kernel the float32 CPU fast path runs on n tokens of self-attention
-        without padding, and why: what `playground info` and the run's rows report."""
+        without padding, in inference and training alike, and why: what `playground info`
+        and the run's rows report."""
         if not (self._has_score_mod or self._has_mask_mod):
             return "one fused SDPA call (no mods)"
         if self._has_score_mod and self._per_key and not self._has_mask_mod:
@@ -243,13 +244,9 @@ class SoftmaxAttention(AttentionVariant):
             score_mod = self.score_mod if self._has_score_mod else None
             mask_mod = self.mask_mod if self._has_mask_mod else None
             program = lower(score_mod, mask_mod, self, 1, self.num_heads, n, n, None, False, device)
-            if isinstance(program, ModProgram) and not (program.needs_grad and training):
+            if isinstance(program, ModProgram):
                 return "per row in the native kernels (a mod program)"
-            reason = (
-                f"the program cannot express {program}"
-                if isinstance(program, str)
-                else "the bias needs a gradient, which the program cannot give"
-            )
+            reason = f"the program cannot express {program}"
         if self._has_score_mod and self._relative and not self._has_mask_mod:
             return f"a Toeplitz bias (relative_bias_attention): {reason}"
         return f"blocks on torch's operations: {reason}"

@@ -68,7 +68,9 @@ def test_a_learned_bias_inside_a_window_matches_the_reference():
 
 
 def test_the_fast_path_uses_the_fused_backward(monkeypatch):
-    """Not SDPA's unfused kernel: the bias's gradient comes from `biased_attention`."""
+    """Not SDPA's unfused kernel: the bias's gradient comes from `biased_attention` (in
+    float64: in float32 the native kernels evaluate the bias as a mod program, and give
+    its parameters their gradients there; tests/kernels/test_mod_program.py)."""
     import playground.kernels.mod_scheduler as module
 
     calls = []
@@ -76,8 +78,8 @@ def test_the_fast_path_uses_the_fused_backward(monkeypatch):
     monkeypatch.setattr(
         module, "biased_attention", lambda *a, **k: calls.append(1) or original(*a, **k)
     )
-    attention = KeyTableAttention(d_model=16, num_heads=2, block_size=4).train()
-    attention(torch.randn(2, 9, 16)).output.sum().backward()
+    attention = KeyTableAttention(d_model=16, num_heads=2, block_size=4).double().train()
+    attention(torch.randn(2, 9, 16, dtype=torch.float64)).output.sum().backward()
     assert calls and attention.table.grad is not None
 
 

@@ -62,10 +62,7 @@ def command_info(registry: Registry, arguments: argparse.Namespace) -> int:
         structure = registry.build(cls.name, 512, 8).score_mod_structure()
         console.print(f"score_mod path: {escape(str(structure))}")
         module = registry.build(cls.name, 512, 8)
-        inference, training = (module.cpu_kernel(training=mode) for mode in (False, True))
-        console.print(f"CPU kernel, float32: {escape(inference)}")
-        if training != inference:
-            console.print(f"CPU kernel, float32, training: {escape(training)}")
+        console.print(f"CPU kernel, float32: {escape(module.cpu_kernel())}")
     for line in bridges(cls):
         console.print(f"transformers bridge, {escape(line)}")
     table = Table(title=f"options of {cls.name} (playground.build({cls.name!r}, **options))")

@@ -135,9 +135,10 @@ def offset_spans(
     device: torch.device,
     block: int,
 ) -> list[Span]:
-    """`ModScheduler.key_spans` of a relative mask_mod (a function of h and kv − q only): the offsets r = kv − q it allows (in any
-    head, evaluated at in-range pairs (−r, 0) or (0, r), as for a relative score_mod),
-    and for each block of queries the hull of q + r over them, within the keys."""
+    """`ModScheduler.key_spans` of a relative mask_mod (a function of h and kv − q only):
+    the offsets r = kv − q it allows (in any head, evaluated at in-range pairs (−r, 0) or
+    (0, r), as for a relative score_mod), and for each block of queries the hull of q + r
+    over them, within the keys; O(Nq + Nk) evaluations, O(blocks · log) for the spans."""
     offsets = torch.arange(-(n_q - 1), n_k, device=device)
     b, h, q_idx, kv_idx = index_grid(1, heads, (-offsets).clamp(min=0), offsets.clamp(min=0))
     allowed = mask_mod(b, h, q_idx.view(1, 1, 1, -1), kv_idx)  # (1, H or 1, 1, R)
@@ -145,14 +146,20 @@ def offset_spans(
     if is_causal:
         allowed &= offsets <= 0
     seen = offsets[allowed]  # the offsets some query may see, ascending
-    spans = []
-    for start in range(0, n_q, block):
-        stop = min(start + block, n_q)
-        # Offsets that reach a key from some query of the block.
-        reach = seen[(start + seen <= n_k - 1) & (stop - 1 + seen >= 0)]
-        if len(reach) == 0:
-            spans.append((start, stop, 0, 0))
-            continue
-        first, last = int(reach[0]), int(reach[-1])
-        spans.append((start, stop, max(0, start + first), min(n_k, stop + last)))
-    return spans
+    starts = torch.arange(0, n_q, block, device=device)
+    stops = (starts + block).clamp(max=n_q)
+    # A query q of the block reaches a key with offset r when 0 <= q + r < Nk: r from
+    # 1 − stop to Nk − 1 − start, the first and last such r of `seen` by binary search.
+    first = torch.searchsorted(seen, 1 - stops)
+    last = torch.searchsorted(seen, n_k - 1 - starts, right=True) - 1
+    reaches = first <= last
+    if len(seen) == 0:
+        key_starts = key_stops = torch.zeros_like(starts)
+    else:
+        low = seen[first.clamp(max=len(seen) - 1)]
+        high = seen[last.clamp(min=0)]
+        key_starts = torch.where(reaches, (starts + low).clamp(min=0), 0)
+        key_stops = torch.where(reaches, (stops + high).clamp(max=n_k), 0)
+    return list(
+        zip(starts.tolist(), stops.tolist(), key_starts.tolist(), key_stops.tolist(), strict=True)
+    )

@@ -137,8 +137,9 @@ def lower(
             output = builder.value(bias, torch.float32)
     except NotLowered as reason:
         return str(reason)
-    except (TypeError, RuntimeError, IndexError, ValueError) as error:  # torch refused a probe
-        return f"{type(error).__name__}: {str(error).strip()[:80]}"
+    except Exception as error:  # untraceable (Python control flow on a tensor), a probe refused
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return f"{type(error).__name__}: {first[:80]}"
     return ModProgram(
         code=torch.tensor(builder.code, dtype=torch.long).view(-1, 5),
         slot_types=torch.tensor(builder.slot_types, dtype=torch.long),
@@ -146,8 +147,9 @@ def lower(
         constants=torch.tensor(builder.constants, dtype=torch.float64),
         leaves=builder.leaves,
         tables=builder.tables,
+        table_sources=builder.table_sources,
         output=output.index,
-        needs_grad=builder.needs_grad,
+        differentiable=torch.tensor(builder.flows, dtype=torch.long),
     )
 
 

@@ -296,11 +296,7 @@ class ModScheduler:
         spans = self.key_spans(batch, heads, n_q, n_k, is_causal, q.device, fine)
         if program is not None:
             spans = coarsest_spans(spans, self.block_size)
-
-            def recompute() -> torch.Tensor:  # torch's operations, for create_graph=True
-                return self.attend_blocks(q, k, v, spans, attention_mask, is_causal)[0]
-
-            context, log_sum_exp = program_attention(q, k, v, spans, program, self.scale, recompute)
+            context, log_sum_exp = program_attention(q, k, v, spans, program, self.scale)
             empty = torch.isneginf(log_sum_exp).all(dim=1)[..., None]  # (B, Nq, 1)
             return context, empty if bool(empty.any()) else None
         return self.attend_blocks(q, k, v, spans, attention_mask, is_causal)
@@ -316,8 +312,8 @@ class ModScheduler:
         like: torch.Tensor,
     ) -> ModProgram | None:
         """This call's program, where the native kernels can run it: float32 (`like`'s
-        dtype) on CPU, no torch.func transform, and a bias that needs no gradient (the
-        program gives it none); else None. Lowered once per scheduler (one call)."""
+        dtype) on CPU, no torch.func transform, and mods the program can express; else
+        None. Lowered once per scheduler (one call)."""
         usable = (
             self.program is not None
             and like.dtype == torch.float32
@@ -332,9 +328,7 @@ class ModScheduler:
             assert self.program is not None
             self._lowered[key] = self.program(batch, heads, n_q, n_k, keep, is_causal, like.device)
         program = self._lowered[key]
-        if isinstance(program, str) or (program.needs_grad and torch.is_grad_enabled()):
-            return None
-        return program
+        return None if isinstance(program, str) else program
 
     def attend_blocks(
         self,

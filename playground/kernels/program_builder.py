@@ -72,10 +72,24 @@ class ModProgram:
     inputs: torch.Tensor
     constants: torch.Tensor
     leaves: list[torch.Tensor]
+    """Each (B, H, Nq or 1, Nk or 1), as torch computed it (with its graph)."""
     tables: list[torch.Tensor]
+    """Each flat and detached, as the gathers read it."""
+    table_sources: list[torch.Tensor]
+    """Each table as the mod indexed it (with its graph), for its gradient."""
     output: int
-    needs_grad: bool
-    """A leaf or table the bias reads needs a gradient, which the program cannot give."""
+    differentiable: torch.Tensor
+    """(slots,) int64: 1 where a gradient flows, from a float leaf or table that needs one
+    to the output, in the native backward's reverse sweep."""
+
+    @property
+    def needs_grad(self) -> bool:
+        """A leaf or table the bias reads needs a gradient."""
+        return any(t.requires_grad for t in (*self.leaves, *self.table_sources))
+
+    def gradient_inputs(self) -> list[torch.Tensor]:
+        """The leaves, then the table sources, that need gradients."""
+        return [t for t in (*self.leaves, *self.table_sources) if t.requires_grad]
 
     def arguments(self) -> tuple[Any, ...]:
         leaves = [leaf.detach() for leaf in self.leaves]
@@ -117,8 +131,10 @@ class Builder:
     constants: list[float] = field(default_factory=list)
     leaves: list[torch.Tensor] = field(default_factory=list)
     tables: list[torch.Tensor] = field(default_factory=list)
+    table_sources: list[torch.Tensor] = field(default_factory=list)
+    flows: list[bool] = field(default_factory=list)
+    """Per slot: a gradient flows through it (see ModProgram.differentiable)."""
     code: list[tuple[int, int, int, int, int]] = field(default_factory=list)
-    needs_grad: bool = False
     _emitted: dict[tuple, Slot] = field(default_factory=dict)
     """Instructions by opcode and operands: the score_mod's and mask_mod's common parts
     (both often compute |q_idx − kv_idx|) are computed once."""
@@ -141,6 +157,7 @@ class Builder:
             else (FLOAT_SCALAR if is_float else INT_SCALAR)
         )
         self.slot_types.append(kind)
+        self.flows.append(False)
         return Slot(len(self.slot_types) - 1, is_float, vector, dtype, bounds)
 
     def constant(self, value: float | int | bool, dtype: torch.dtype) -> Slot:
@@ -170,6 +187,11 @@ class Builder:
         vector = a.vector or (b is not None and b.vector) or (isinstance(c, Slot) and c.vector)
         out = self.slot(dtype.is_floating_point or bounds is not None, vector, dtype, bounds)
         self.code.append((operands[0], out.index, *operands[1:]))
+        if dtype.is_floating_point and opcode != "F_GATHER":  # a gather's: lower_lookup's
+            operand_slots = [a, b, c if isinstance(c, Slot) else None]
+            self.flows[out.index] = any(
+                x is not None and self.flows[x.index] for x in operand_slots
+            )
         self._emitted[key] = out
         return out
 
@@ -215,18 +237,18 @@ class Builder:
             )
             if not fits:
                 raise NotLowered(f"an intermediate of shape {tuple(tensor.shape)}")
-            self.needs_grad |= tensor.requires_grad
             dtype = storage_dtype(tensor.dtype)
             bounds = None
             if tensor.dtype == torch.int64 and tensor.numel() > 0:  # exact as floats?
                 low, high = int(tensor.min()), int(tensor.max())
                 if max(abs(low), abs(high)) <= EXACT:
                     dtype, bounds = torch.float32, (low, high)
-            data = tensor.detach().reshape(shape).to(dtype)
+            data = tensor.reshape(shape).to(dtype)
             n_q = self.n_q if shape[2] > 1 else 1
             n_k = self.n_k if shape[3] > 1 else 1
             self.leaves.append(data.expand(self.batch, self.heads, n_q, n_k))
             slot = self.slot(dtype.is_floating_point, n_k > 1, tensor.dtype, bounds)
+            self.flows[slot.index] = bool(tensor.requires_grad) and dtype == torch.float32
             self.inputs.append((slot.index, LEAF, len(self.leaves) - 1))
         self._materialized[key] = (tensor, slot)
         return slot

@@ -185,12 +185,14 @@ def lower_lookup(builder: Builder, table: Any, index: Any) -> Slot:
             )
         flat = term if flat is None else builder.emit("I_ADD", torch.int64, flat, term)
         stride *= table.shape[position]
-    builder.needs_grad |= table.requires_grad
     dtype = storage_dtype(table.dtype)
     builder.tables.append(table.detach().reshape(-1).to(dtype).contiguous())
+    builder.table_sources.append(table)
     opcode = "F_GATHER" if dtype.is_floating_point else "I_GATHER"
     assert flat is not None
-    return builder.emit(opcode, table.dtype, flat, flat, len(builder.tables) - 1)
+    out = builder.emit(opcode, table.dtype, flat, flat, len(builder.tables) - 1)
+    builder.flows[out.index] = dtype.is_floating_point and bool(table.requires_grad)
+    return out
 
 
 def _exact_flat_index(builder: Builder, table: torch.Tensor, indices: tuple) -> Slot | None:

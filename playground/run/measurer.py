@@ -317,8 +317,7 @@ class Measurer:
         if isinstance(module, SoftmaxAttention):  # which path its score_mod takes, and why
             fields["score_mod_path"] = str(module.score_mod_structure())
             if spec.device == "cpu" and spec.torch_dtype == torch.float32:
-                training = cell.pass_name == "forward_backward"
-                fields["cpu_kernel"] = module.cpu_kernel(cell.seq_len, training=training)
+                fields["cpu_kernel"] = module.cpu_kernel(cell.seq_len)
         flops = spec.batch_size * module.count_flops(cell.seq_len, cell.seq_len)
         if cell.pass_name == "forward_backward":
             flops *= BACKWARD_FLOPS_FACTOR

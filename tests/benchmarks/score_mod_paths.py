@@ -165,7 +165,7 @@ def main() -> None:
         table.add_row(
             label,
             str(module.score_mod_structure()),
-            module.cpu_kernel(n, training=training),
+            module.cpu_kernel(n),
             f"{timing.median_s * 1e3:.0f}",
             f"{efficiency:.2f}",
         )

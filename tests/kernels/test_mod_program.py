@@ -89,7 +89,7 @@ def test_a_lowered_mod_equals_dense_attention_forward_and_backward(mod, mask, n_
     program = lower(MODS[mod], MASKS[mask], None, 2, H, n_q, n_k, keep, is_causal, q.device)
     assert not isinstance(program, str), program
     blocks = [(start, min(start + 16, n_q), 0, n_k) for start in range(0, n_q, 16)]
-    ours, log_sum_exp = program_attention(q, k, v, blocks, program, 0.3, lambda: None)
+    ours, log_sum_exp = program_attention(q, k, v, blocks, program, 0.3)
     expected = _dense(q, k, v, MODS[mod], MASKS[mask], keep, is_causal, 0.3)
     assert (ours - expected).abs().max() < 1e-5
     sees_none = torch.isneginf(log_sum_exp)
@@ -129,7 +129,7 @@ def test_an_index_out_of_range_fails_as_torch_does():
     program = lower(mod, None, None, 1, H, 80, 80, None, False, torch.device("cpu"))
     q = torch.randn(1, H, 80, 8)
     with pytest.raises(IndexError, match="out of bounds"):
-        program_attention(q, q, q, [(0, 80, 0, 80)], program, 1.0, lambda: None)
+        program_attention(q, q, q, [(0, 80, 0, 80)], program, 1.0)
 
 
 class _WindowedAlibi(playground.SoftmaxAttention):
@@ -231,3 +231,89 @@ def test_merged_spans_keep_a_band_in_small_blocks_and_dense_attention_in_large_o
     dense = [(s, s + 16, 0, 256) for s in range(0, 256, 16)]
     assert coarsest_spans(band, 128) == band  # merging would add pairs
     assert coarsest_spans(dense, 128) == [(0, 128, 0, 256), (128, 256, 0, 256)]
+
+
+class _Learned(torch.nn.Module):
+    """Parameters a score_mod reads: per head, per query, per key, and a table."""
+
+    def __init__(self):
+        super().__init__()
+        generator = torch.Generator().manual_seed(3)
+        self.slopes = torch.nn.Parameter(torch.rand(H, generator=generator))
+        self.table = torch.nn.Parameter(torch.randn(H, 8, 8, generator=generator))
+        self.per_query = torch.nn.Parameter(torch.randn(90, generator=generator))
+        self.per_key = torch.nn.Parameter(torch.randn(90, generator=generator))
+
+
+LEARNED = {
+    "learnable alibi": lambda m: lambda s, b, h, q, kv: s - m.slopes[h] * (q - kv).abs(),
+    "a table per pair of blocks": lambda m: lambda s, b, h, q, kv: s
+    + m.table[h, q // 12, kv // 12],
+    "a query weight times a key weight, exp, division and a minimum": lambda m: (
+        lambda s, b, h, q, kv: s
+        + torch.exp(-m.per_query[q] * m.per_key[kv] / (1 + m.slopes[h]))
+        + torch.minimum(m.per_key[kv], m.slopes[h] * q)
+    ),
+}  # fmt: skip
+
+
+@needs_native
+@pytest.mark.parametrize("mod", LEARNED, ids=str)
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_a_learned_bias_gets_the_gradients_torch_gives(mod, is_causal):
+    learned = _Learned()
+    score_mod = LEARNED[mod](learned)
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, H, 90, 8, generator=generator, requires_grad=True) for _ in "qkv")
+    keep = torch.ones(2, 90, dtype=torch.bool)
+    keep[0, 70:] = False
+    mask = MASKS["band, documents, a global key"]
+    program = lower(score_mod, mask, learned, 2, H, 90, 90, keep, is_causal, q.device)
+    assert not isinstance(program, str) and program.needs_grad
+    blocks = [(start, min(start + 32, 90), 0, 90) for start in range(0, 90, 32)]
+    ours = program_attention(q, k, v, blocks, program, 0.3)[0]
+    expected = _dense(q, k, v, score_mod, mask, keep, is_causal, 0.3)
+    assert (ours - expected).abs().max() < 1e-5
+    weights = torch.randn_like(ours)
+    inputs = (q, k, v, *learned.parameters())
+    grads = torch.autograd.grad((ours * weights).sum(), inputs, allow_unused=True)
+    want = torch.autograd.grad((expected * weights).sum(), inputs, allow_unused=True)
+    for got, wanted in zip(grads, want, strict=True):
+        if wanted is None:
+            assert got is None or not bool(got.any())
+        else:
+            assert (got - wanted).abs().max() < 1e-4 * max(1.0, wanted.abs().max().item())
+
+
+@needs_native
+def test_second_order_gradients_through_a_learned_bias_match_torch():
+    learned = _Learned()
+    score_mod = LEARNED["learnable alibi"](learned)
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, H, 40, 8, generator=generator, requires_grad=True) for _ in "qkv")
+    program = lower(score_mod, None, learned, 1, H, 40, 40, None, True, q.device)
+    blocks = [(0, 20, 0, 20), (20, 40, 0, 40)]
+
+    def penalty(context):
+        (grad_q,) = torch.autograd.grad(context.square().sum(), q, create_graph=True)
+        return torch.autograd.grad(grad_q.square().sum(), learned.slopes)[0]
+
+    ours = penalty(program_attention(q, k, v, blocks, program, 0.3)[0])
+    expected = penalty(_dense(q, k, v, score_mod, None, None, True, 0.3))
+    assert (ours - expected).abs().max() < 1e-4 * expected.abs().max()
+
+
+@needs_native
+def test_the_gradient_check_catches_a_reverse_sweep_that_drops_a_term(monkeypatch):
+    """A program whose differentiable flags are cleared gives the learned slopes no
+    gradient: the comparison above would fail."""
+    learned = _Learned()
+    score_mod = LEARNED["learnable alibi"](learned)
+    q = torch.randn(1, H, 30, 8, requires_grad=True)
+    program = lower(score_mod, None, learned, 1, H, 30, 30, None, False, q.device)
+    program.differentiable = torch.zeros_like(program.differentiable)
+    ours = program_attention(q, q, q, [(0, 30, 0, 30)], program, 0.3)[0]
+    (grad,) = torch.autograd.grad(ours.square().sum(), learned.slopes)
+    expected = _dense(q, q, q, score_mod, None, None, False, 0.3)
+    (want,) = torch.autograd.grad(expected.square().sum(), learned.slopes)
+    assert not bool(grad.any()) and bool(want.any())

@@ -95,8 +95,9 @@ struct MaskSource {  // one additive mask per block (empty: none), read in place
       rows = mask_rows(source.masks[block], batch, head, &ld);
     }
     const float* row(int64_t r, int64_t) { return rows == nullptr ? nullptr : rows + r * ld; }
+    void backward_row(int64_t, int64_t, const float*) {}  // a mask gets no gradient
   };
-  Reader reader(int64_t) const { return Reader{*this}; }
+  Reader reader(int64_t, int64_t) const { return Reader{*this}; }
 };
 
 struct ProgramSource {  // a mod program, evaluated per row while the tile is in cache
@@ -116,9 +117,14 @@ struct ProgramSource {  // a mod program, evaluated per row while the tile is in
       run.row(batch, head, query, key_start, span, bias.data());
       return bias.data();
     }
+    // grad_bias: the gradient of this row's biased scores, dS (0 where a key is hidden).
+    void backward_row(int64_t, int64_t query, const float* grad_bias) {
+      run.row_backward(batch, head, query, key_start, span, grad_bias);
+    }
   };
-  Reader reader(int64_t widest_span) const {
-    return Reader{ProgramRun(program), std::vector<float>(widest_span)};
+  ProgramGradients* gradients = nullptr;
+  Reader reader(int64_t widest_span, int64_t thread) const {
+    return Reader{ProgramRun(program, gradients, thread), std::vector<float>(widest_span)};
   }
 };
 
@@ -158,12 +164,21 @@ std::vector<at::Tensor> forward_blocks(const at::Tensor& q, const at::Tensor& k,
   const int64_t num_blocks = blocks.size(0);
   // The output in (B, Nq, H, d) memory, seen as (B, H, Nq, d): merging the heads for the
   // output projection is then a view, not a copy.
-  at::Tensor out = at::zeros({batches, n_q, heads, d}, q.options()).permute({0, 2, 1, 3});
+  at::Tensor out = at::empty({batches, n_q, heads, d}, q.options()).permute({0, 2, 1, 3});
   at::Tensor log_sum_exp = at::full({batches, heads, n_q}, Source::empty_log_sum_exp, q.options());
-  if (out.numel() == 0 || n_k == 0) return {out, log_sum_exp};
+  if (out.numel() == 0 || n_k == 0) return {out.zero_(), log_sum_exp};
   const float scale = static_cast<float>(scale_);
   const int64_t ldq = leading(q), ldk = leading(k), ldv = leading(v);
   const int64_t span_limit = widest_span(blocks);
+  // Rows a block with keys writes; the others (in no block, or in one without keys) are
+  // zeroed, rather than the whole output beforehand.
+  std::vector<char> written(n_q, 0);
+  for (int64_t i = 0; i < num_blocks; ++i) {
+    const Block& block = blocks_[i];
+    if (block.key_stop > block.key_start) {
+      std::fill(written.begin() + block.start, written.begin() + block.stop, 1);
+    }
+  }
   const int64_t threads =
       std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), batches * heads));
   auto scratch = at::empty({threads, widest}, q.options());
@@ -171,7 +186,7 @@ std::vector<at::Tensor> forward_blocks(const at::Tensor& q, const at::Tensor& k,
     const int64_t thread = at::get_thread_num();
     TORCH_CHECK(thread < threads, "more threads than scratch tiles");
     float* p = scratch.data_ptr<float>() + thread * widest;
-    auto reader = source.reader(span_limit);
+    auto reader = source.reader(span_limit, thread);
     const FlushSubnormals flush;
     std::vector<float> inverse;  // 1 / each row's sum
     for (int64_t pair = begin; pair < end; ++pair) {
@@ -181,6 +196,9 @@ std::vector<at::Tensor> forward_blocks(const at::Tensor& q, const at::Tensor& k,
       const float* vh = rows_of(v, batch, head);
       float* oh = out.data_ptr<float>() + batch * out.stride(0) + head * out.stride(1);
       const int64_t ldo = out.stride(2);
+      for (int64_t row = 0; row < n_q; ++row) {
+        if (!written[row]) std::fill(oh + row * ldo, oh + row * ldo + d, 0.0f);
+      }
       float* lse = log_sum_exp.data_ptr<float>() + pair * n_q;
       for (int64_t i = 0; i < num_blocks; ++i) {
         const Block& block = blocks_[i];
@@ -301,7 +319,7 @@ at::Tensor backward_blocks(const at::Tensor& q, const at::Tensor& k, const at::T
     float* p = scratch.data_ptr<float>() + thread * 2 * scratch_size;
     float* ds = p + scratch_size;
     std::vector<float> row_dot;
-    auto reader = source.reader(span_limit);
+    auto reader = source.reader(span_limit, thread);
     const FlushSubnormals flush;
     for (int64_t pair = begin; pair < end; ++pair) {
       const int64_t batch = pair / heads, head = pair % heads;
@@ -358,6 +376,7 @@ at::Tensor backward_blocks(const at::Tensor& q, const at::Tensor& k, const at::T
           const float dot = row_dot[r];
 #pragma omp simd
           for (int64_t j = 0; j < span; ++j) grad_row[j] = row[j] * (grad_row[j] - dot);  // dS
+          reader.backward_row(r, block.start + r, grad_row);
         }
         matmul(false, false, rows, d, span, scale, ds, span, k_span, ldk, 0.0f,
                dqh + block.start * d, d);
@@ -377,8 +396,11 @@ ModProgram program_of(const at::Tensor& code, const at::Tensor& slot_types,
                       const at::Tensor& inputs, const at::Tensor& constants,
                       const std::vector<at::Tensor>& leaves,
                       const std::vector<at::Tensor>& tables, int64_t output,
-                      const at::Tensor& q, const at::Tensor& k) {
-  ModProgram program{code, slot_types, inputs, constants, leaves, tables, output};
+                      const at::Tensor& q, const at::Tensor& k,
+                      const at::Tensor& differentiable = at::Tensor()) {
+  ModProgram program{code,   slot_types, inputs, constants, leaves, tables,
+                     output, differentiable.defined() ? differentiable
+                                                      : at::empty({0}, code.options())};
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4, "q and k must be (B, H, N, d)");
   program.check(q.size(0), q.size(1), q.size(2), k.size(2));
   return program;
@@ -408,19 +430,46 @@ std::vector<at::Tensor> program_forward(const at::Tensor& q, const at::Tensor& k
   return forward_blocks(q, k, v, blocks, no_masks(blocks, q), ProgramSource{program}, scale);
 }
 
-at::Tensor program_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& out, const at::Tensor& log_sum_exp,
-                            const at::Tensor& grad_out, const at::Tensor& grad_k,
-                            const at::Tensor& grad_v, const at::Tensor& blocks,
-                            const at::Tensor& code, const at::Tensor& slot_types,
-                            const at::Tensor& inputs, const at::Tensor& constants,
-                            const std::vector<at::Tensor>& leaves,
-                            const std::vector<at::Tensor>& tables, int64_t output,
-                            double scale) {
-  const ModProgram program =
-      program_of(code, slot_types, inputs, constants, leaves, tables, output, q, k);
-  return backward_blocks(q, k, v, out, log_sum_exp, grad_out, grad_k, grad_v, blocks,
-                         no_masks(blocks, q), ProgramSource{program}, scale);
+std::vector<at::Tensor> program_backward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& log_sum_exp, const at::Tensor& grad_out, const at::Tensor& grad_k,
+    const at::Tensor& grad_v, const at::Tensor& blocks, const at::Tensor& code,
+    const at::Tensor& slot_types, const at::Tensor& inputs, const at::Tensor& constants,
+    const std::vector<at::Tensor>& leaves, const std::vector<at::Tensor>& tables,
+    int64_t output, double scale, const at::Tensor& differentiable,
+    const at::Tensor& leaf_wanted, const at::Tensor& table_wanted) {
+  const ModProgram program = program_of(code, slot_types, inputs, constants, leaves, tables,
+                                        output, q, k, differentiable);
+  TORCH_CHECK(leaf_wanted.scalar_type() == at::kLong && leaf_wanted.is_contiguous() &&
+                  leaf_wanted.numel() == static_cast<int64_t>(leaves.size()) &&
+                  table_wanted.scalar_type() == at::kLong && table_wanted.is_contiguous() &&
+                  table_wanted.numel() == static_cast<int64_t>(tables.size()),
+              "leaf_wanted and table_wanted: one int64 flag per leaf and per table");
+  const int64_t threads = std::max<int64_t>(
+      1, std::min<int64_t>(at::get_num_threads(), q.size(0) * q.size(1)));
+  ProgramGradients gradients;
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    gradients.leaves.push_back(leaf_wanted.data_ptr<int64_t>()[i]
+                                   ? at::zeros(leaves[i].sizes(), q.options())
+                                   : at::Tensor());
+  }
+  for (size_t i = 0; i < tables.size(); ++i) {
+    gradients.tables.push_back(table_wanted.data_ptr<int64_t>()[i]
+                                   ? at::zeros({threads, tables[i].numel()}, q.options())
+                                   : at::Tensor());
+  }
+  ProgramSource source{program};
+  source.gradients = &gradients;
+  std::vector<at::Tensor> results{backward_blocks(q, k, v, out, log_sum_exp, grad_out, grad_k,
+                                                  grad_v, blocks, no_masks(blocks, q), source,
+                                                  scale)};
+  for (const at::Tensor& grad : gradients.leaves) {
+    results.push_back(grad.defined() ? grad : at::empty({0}, q.options()));
+  }
+  for (const at::Tensor& grad : gradients.tables) {
+    results.push_back(grad.defined() ? grad.sum(0) : at::empty({0}, q.options()));
+  }
+  return results;
 }
 
 }  // namespace playground_native

@@ -42,6 +42,9 @@ struct ModProgram {
   std::vector<at::Tensor> leaves;  // 4-D (B, H, Nq or 1, Nk or 1), float32 or int64, any strides
   std::vector<at::Tensor> tables;  // 1-D contiguous float32 or int64, read by the gathers
   int64_t output;                  // the slot holding the bias (a float slot)
+  at::Tensor differentiable;       // (slots,) int64: 1 where a gradient flows (may be empty)
+
+  bool has_gradients() const { return differentiable.numel() > 0; }
 
   void check(int64_t batches, int64_t heads, int64_t n_q, int64_t n_k) const {
     TORCH_CHECK(code.scalar_type() == at::kLong && code.dim() == 2 && code.size(1) == 5 &&
@@ -92,6 +95,10 @@ struct ModProgram {
                       (table.scalar_type() == at::kFloat || table.scalar_type() == at::kLong),
                   "a gathered table must be a contiguous 1-D float32 or int64 tensor");
     }
+    TORCH_CHECK(differentiable.numel() == 0 ||
+                    (differentiable.scalar_type() == at::kLong &&
+                     differentiable.is_contiguous() && differentiable.numel() == slots),
+                "differentiable must be empty or one int64 flag per slot");
     const int64_t* ops = code.data_ptr<int64_t>();
     for (int64_t i = 0; i < code.size(0); ++i) {
       const int64_t* op = ops + 5 * i;
@@ -108,15 +115,27 @@ struct ModProgram {
   }
 };
 
+// Where the gradients of a program's float leaves and tables go: one full (B, H, Nq or 1,
+// Nk or 1) tensor per leaf (undefined for a leaf without one), written by the thread that
+// owns the (batch, head) pair; per table, one row per thread, summed by the caller.
+struct ProgramGradients {
+  std::vector<at::Tensor> leaves;
+  std::vector<at::Tensor> tables;  // (threads, numel) each, or undefined
+};
+
 // One thread's evaluation of a program: its slots, and the bias of one row over a span.
 class ProgramRun {
  public:
-  explicit ProgramRun(const ModProgram& program)
-      : program_(program),
+  explicit ProgramRun(const ModProgram& program, ProgramGradients* gradients = nullptr,
+                      int64_t thread = 0)
+      : gradients_(gradients),
+        thread_(thread),
+        program_(program),
         slots_(program.slot_types.size(0)),
         types_(program.slot_types.data_ptr<int64_t>()),
         floats_(slots_ * PROGRAM_CHUNK),
-        ints_(slots_ * PROGRAM_CHUNK) {
+        ints_(slots_ * PROGRAM_CHUNK),
+        adjoints_(program.has_gradients() ? slots_ * PROGRAM_CHUNK : 0) {
     const int64_t* in = program.inputs.data_ptr<int64_t>();
     const double* constants = program.constants.data_ptr<double>();
     for (int64_t i = 0; i < program.inputs.size(0); ++i) {
@@ -148,7 +167,155 @@ class ProgramRun {
     }
   }
 
+  // The gradients of the leaves and tables from grad_bias[0 .. span), the gradient of
+  // row `query`'s bias over keys key_start … + span: the program run again per chunk,
+  // then swept in reverse.
+  void row_backward(int64_t batch, int64_t head, int64_t query, int64_t key_start,
+                    int64_t span, const float* grad_bias) {
+    if (!program_.has_gradients()) return;
+    const int64_t* flows = program_.differentiable.data_ptr<int64_t>();
+    if (!flows[program_.output]) return;
+    load_scalars(batch, head, query);
+    for (int64_t first = 0; first < span; first += PROGRAM_CHUNK) {
+      const int64_t count = std::min(PROGRAM_CHUNK, span - first);
+      load_vectors(batch, head, key_start + first, count);
+      run(count, nullptr);
+      std::fill(adjoints_.begin(), adjoints_.end(), 0.0f);
+      float* seed = g(program_.output);
+      if (vector(program_.output)) {
+        std::copy(grad_bias + first, grad_bias + first + count, seed);
+      } else {
+        for (int64_t j = 0; j < count; ++j) seed[0] += grad_bias[first + j];
+      }
+      reverse(count, flows);
+      deposit(batch, head, query, key_start + first, count, flows);
+    }
+  }
+
  private:
+  float* g(int64_t slot) { return adjoints_.data() + slot * PROGRAM_CHUNK; }
+
+  // adjoint[slot] += value[j] (summed when the slot is a scalar).
+  template <class Value>
+  void accumulate(int64_t slot, int64_t count, Value value) {
+    float* adjoint = g(slot);
+    if (vector(slot)) {
+#pragma omp simd
+      for (int64_t j = 0; j < count; ++j) adjoint[j] += value(j);
+    } else {
+      float sum = 0.0f;
+      for (int64_t j = 0; j < count; ++j) sum += value(j);
+      adjoint[0] += sum;
+    }
+  }
+
+  void reverse(int64_t keys, const int64_t* flows) {
+    const int64_t* ops = program_.code.data_ptr<int64_t>();
+    for (int64_t i = program_.code.size(0) - 1; i >= 0; --i) {
+      const int64_t* op = ops + 5 * i;
+      const int64_t dst = op[1], a = op[2], b = op[3], c = op[4];
+      if (!flows[dst]) continue;
+      const int64_t count = vector(dst) ? keys : 1;
+      const float* gd = g(dst);
+      const float* out = f(dst);
+      const bool av = vector(a), bv = vector(b), cv = vector(c);
+      const float* x = f(a);
+      const float* y = f(b);
+      auto at = [](const float* t, bool is_vector, int64_t j) { return t[is_vector ? j : 0]; };
+      const bool fa = flows[a] != 0, fb = op[0] != F_GATHER && flows[b] != 0;
+      switch (op[0]) {
+        case F_ADD:
+          if (fa) accumulate(a, count, [&](int64_t j) { return gd[j]; });
+          if (fb) accumulate(b, count, [&](int64_t j) { return gd[j]; });
+          break;
+        case F_SUB:
+          if (fa) accumulate(a, count, [&](int64_t j) { return gd[j]; });
+          if (fb) accumulate(b, count, [&](int64_t j) { return -gd[j]; });
+          break;
+        case F_MUL:
+          if (fa) accumulate(a, count, [&](int64_t j) { return gd[j] * at(y, bv, j); });
+          if (fb) accumulate(b, count, [&](int64_t j) { return gd[j] * at(x, av, j); });
+          break;
+        case F_DIV:
+          if (fa) accumulate(a, count, [&](int64_t j) { return gd[j] / at(y, bv, j); });
+          if (fb) accumulate(b, count, [&](int64_t j) { return -gd[j] * out[j] / at(y, bv, j); });
+          break;
+        case F_MIN:
+        case F_MAX: {  // to the operand chosen (the first, on a tie or a NaN)
+          const bool lesser = op[0] == F_MIN;
+          auto first = [&](int64_t j) {
+            const float u = at(x, av, j), w = at(y, bv, j);
+            return (lesser ? u <= w : u >= w) || u != u;
+          };
+          if (fa) accumulate(a, count, [&](int64_t j) { return first(j) ? gd[j] : 0.0f; });
+          if (fb) accumulate(b, count, [&](int64_t j) { return first(j) ? 0.0f : gd[j]; });
+          break;
+        }
+        case F_NEG:
+          if (fa) accumulate(a, count, [&](int64_t j) { return -gd[j]; });
+          break;
+        case F_ABS:  // torch's sign: 0 at 0
+          if (fa) accumulate(a, count, [&](int64_t j) {
+            const float u = at(x, av, j);
+            return u > 0.0f ? gd[j] : (u < 0.0f ? -gd[j] : 0.0f);
+          });
+          break;
+        case F_EXP:
+          if (fa) accumulate(a, count, [&](int64_t j) { return gd[j] * out[j]; });
+          break;
+        case F_LOG:
+          if (fa) accumulate(a, count, [&](int64_t j) { return gd[j] / at(x, av, j); });
+          break;
+        case F_SQRT:
+          if (fa) accumulate(a, count, [&](int64_t j) { return gd[j] * 0.5f / out[j]; });
+          break;
+        case F_WHERE: {
+          const int64_t* condition = n(a);
+          if (flows[b]) accumulate(b, count, [&](int64_t j) {
+            return condition[av ? j : 0] != 0 ? gd[j] : 0.0f;
+          });
+          if (flows[c]) accumulate(c, count, [&](int64_t j) {
+            return condition[av ? j : 0] != 0 ? 0.0f : gd[j];
+          });
+          (void)cv;
+          break;
+        }
+        case F_GATHER: {  // scattered into this thread's row of the table's gradient
+          const at::Tensor& table_grad = gradients_->tables[c];
+          if (!table_grad.defined()) break;
+          float* grad = table_grad.data_ptr<float>() + thread_ * table_grad.size(1);
+          const int64_t* index = n(a);
+          for (int64_t j = 0; j < count; ++j) grad[index[av ? j : 0]] += gd[j];
+          break;
+        }
+        default:
+          break;  // integer results carry no gradient
+      }
+    }
+  }
+
+  // Each differentiable leaf's adjoint into its gradient at (batch, head, query or 0,
+  // keys or 0).
+  void deposit(int64_t batch, int64_t head, int64_t query, int64_t first_key, int64_t count,
+               const int64_t* flows) {
+    const int64_t* in = program_.inputs.data_ptr<int64_t>();
+    for (int64_t i = 0; i < program_.inputs.size(0); ++i) {
+      const int64_t slot = in[3 * i];
+      if (in[3 * i + 1] != LEAF || !flows[slot]) continue;
+      const at::Tensor& grad = gradients_->leaves[in[3 * i + 2]];
+      if (!grad.defined()) continue;
+      float* data = grad.data_ptr<float>() + batch * grad.stride(0) + head * grad.stride(1) +
+                    (grad.size(2) > 1 ? query * grad.stride(2) : 0);
+      const float* adjoint = g(slot);
+      if (vector(slot)) {
+        float* row = data + first_key * grad.stride(3);
+        for (int64_t j = 0; j < count; ++j) row[j * grad.stride(3)] += adjoint[j];
+      } else {
+        data[0] += adjoint[0];
+      }
+    }
+  }
+
   float* f(int64_t slot) { return floats_.data() + slot * PROGRAM_CHUNK; }
   int64_t* n(int64_t slot) { return ints_.data() + slot * PROGRAM_CHUNK; }
   bool vector(int64_t slot) const {
@@ -280,7 +447,7 @@ class ProgramRun {
       // An instruction whose operands are all per-row scalars computes one value.
       count = vector(dst) ? keys : 1;
       const bool av = vector(a), bv = op[0] == F_GATHER || op[0] == I_GATHER ? false : vector(b);
-      float* fo = direct && i == last ? target : f(dst);
+      float* fo = direct && i == last && target != nullptr ? target : f(dst);
       int64_t* io = n(dst);
       switch (op[0]) {
         case F_ADD: binary(f(a), av, f(b), bv, fo, count, [](float x, float y) { return x + y; }); break;
@@ -373,14 +540,17 @@ class ProgramRun {
         default: TORCH_CHECK(false, "unknown opcode ", op[0]);
       }
     }
-    return direct;
+    return direct && target != nullptr;
   }
 
+  ProgramGradients* gradients_;
+  int64_t thread_;
   const ModProgram& program_;
   int64_t slots_;
   const int64_t* types_;
   std::vector<float> floats_;
   std::vector<int64_t> ints_;
+  std::vector<float> adjoints_;
 };
 
 }  // namespace playground_native

@@ -100,14 +100,15 @@ std::vector<at::Tensor> program_forward(const at::Tensor& q, const at::Tensor& k
                                         const std::vector<at::Tensor>& tables, int64_t output,
                                         double scale);
 
-at::Tensor program_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& out, const at::Tensor& log_sum_exp,
-                            const at::Tensor& grad_out, const at::Tensor& grad_k,
-                            const at::Tensor& grad_v, const at::Tensor& blocks,
-                            const at::Tensor& code, const at::Tensor& slot_types,
-                            const at::Tensor& inputs, const at::Tensor& constants,
-                            const std::vector<at::Tensor>& leaves,
-                            const std::vector<at::Tensor>& tables, int64_t output,
-                            double scale);
+// Returns dq, then the gradient of each leaf (its full (B, H, ·, ·) shape) and of each
+// table (flat) that leaf_wanted / table_wanted flag, an empty tensor for the others.
+std::vector<at::Tensor> program_backward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& log_sum_exp, const at::Tensor& grad_out, const at::Tensor& grad_k,
+    const at::Tensor& grad_v, const at::Tensor& blocks, const at::Tensor& code,
+    const at::Tensor& slot_types, const at::Tensor& inputs, const at::Tensor& constants,
+    const std::vector<at::Tensor>& leaves, const std::vector<at::Tensor>& tables,
+    int64_t output, double scale, const at::Tensor& differentiable,
+    const at::Tensor& leaf_wanted, const at::Tensor& table_wanted);
 
 }  // namespace playground_native
