@@ -32,8 +32,15 @@ from typing import Any
 import torch
 import torch.fx
 
-from playground.kernels.program_builder import Builder, ModProgram, NotLowered, Slot, dtype_of
-from playground.kernels.program_operations import lower_lookup, lower_node
+from playground.kernels.program_builder import (
+    OPCODES,
+    Builder,
+    ModProgram,
+    NotLowered,
+    Slot,
+    dtype_of,
+)
+from playground.kernels.program_operations import lower_lookup, lower_node, negate
 from playground.mod_structure import TracedMod, trace_mod
 
 __all__ = ["ModProgram", "lower"]
@@ -62,15 +69,46 @@ def _run_graph(builder: Builder, traced: TracedMod, arguments: dict[str, Any]) -
             return substitute(node.args[0])
         else:
             args, kwargs = substitute(node.args), dict(substitute(node.kwargs))
-            if not {"q_idx", "kv_idx"} <= reads[node]:
+            target = node.target if node.op == "call_function" else str(node.target)
+            if "score" in reads[node]:
+                values[node] = _lower_score_term(builder, target, args, kwargs)
+            elif not {"q_idx", "kv_idx"} <= reads[node]:
                 values[node] = _eager(node, args, kwargs)
             else:
-                target = node.target if node.op == "call_function" else str(node.target)
                 if node.op == "call_method" and target in ("__getitem__",):
                     values[node] = lower_lookup(builder, args[0], args[1])
                     continue
                 values[node] = lower_node(builder, target, args, kwargs)
     raise NotLowered("a graph without an output")
+
+
+class _Score:
+    """The score a score_mod is given, standing for 0: an additive mod's output is then
+    its bias, with no instruction spent adding or subtracting the zero."""
+
+
+SCORE = _Score()
+ADDITION = (operator.add, torch.add, "add")
+SUBTRACTION = (operator.sub, torch.sub, "sub")
+
+
+def _lower_score_term(builder: Builder, target: Any, args: tuple, kwargs: dict) -> Any:
+    """A node that reads the score: score ± a term (the term, or its negation), or a cast
+    of the score to float32 (the score). Anything else (the score scaled, through tanh) is
+    not additive, whatever the class declares."""
+    scores = [x is SCORE for x in args]
+    if not any(scores):  # (score + a) + b: the score already absorbed, into a slot
+        return lower_node(builder, target, args, kwargs)
+    if target in ("to", "float", "type_as") and args and scores[0]:
+        return SCORE
+    if target in (*ADDITION, *SUBTRACTION) and not kwargs and len(args) == 2 and sum(scores) == 1:
+        term = builder.value(args[1] if scores[0] else args[0], torch.float32)
+        if target in ADDITION:  # score + t, t + score
+            return term
+        if scores[0]:  # score − t
+            return negate(builder, term)
+        raise NotLowered("a subtraction of the score (its sign flips)")
+    raise NotLowered(f"the score through {getattr(target, '__name__', target)}")
 
 
 def _eager(node: torch.fx.Node, args: tuple, kwargs: dict) -> Any:
@@ -109,8 +147,9 @@ def lower(
     try:
         bias: Any = 0.0
         if score_mod is not None:
-            arguments = {**grids, "score": torch.zeros((), dtype=torch.float32, device=device)}
+            arguments = {**grids, "score": SCORE}
             bias = _run_graph(builder, trace_mod(score_mod, owner), arguments)
+            bias = 0.0 if bias is SCORE else bias
             if not dtype_of(bias).is_floating_point:
                 raise NotLowered("a score_mod whose bias is not floating point")
         allowed: Any = None
@@ -140,6 +179,7 @@ def lower(
     except Exception as error:  # untraceable (Python control flow on a tensor), a probe refused
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
         return f"{type(error).__name__}: {first[:80]}"
+    _drop_unused(builder, output.index)
     return ModProgram(
         code=torch.tensor(builder.code, dtype=torch.long).view(-1, 5),
         slot_types=torch.tensor(builder.slot_types, dtype=torch.long),
@@ -157,3 +197,18 @@ def _and(builder: Builder, a: Any, b: Any) -> Slot:
     """a ∧ b in the program (a per-query rule and a per-key one would make, by torch, a
     whole (Nq, Nk) grid)."""
     return builder.emit("I_AND", torch.bool, builder.value(a), builder.value(b))
+
+
+def _drop_unused(builder: Builder, output: int) -> None:
+    """Instructions and inputs the output does not depend on, removed (a folded negation
+    leaves the product it replaced behind)."""
+    needed = {output}
+    kept = []
+    for instruction in reversed(builder.code):
+        opcode, out, a, b, c = instruction
+        if out in needed:
+            gather = OPCODES[opcode] in ("F_GATHER", "I_GATHER")
+            needed |= {a, b} if gather else {a, b, c}
+            kept.append(instruction)
+    builder.code = kept[::-1]
+    builder.inputs = [entry for entry in builder.inputs if entry[0] in needed]

@@ -135,6 +135,8 @@ class Builder:
     flows: list[bool] = field(default_factory=list)
     """Per slot: a gradient flows through it (see ModProgram.differentiable)."""
     code: list[tuple[int, int, int, int, int]] = field(default_factory=list)
+    producers: dict[int, tuple[str, Slot, Slot]] = field(default_factory=dict)
+    """Each instruction's result: its opcode and first two operands (for folding)."""
     _emitted: dict[tuple, Slot] = field(default_factory=dict)
     """Instructions by opcode and operands: the score_mod's and mask_mod's common parts
     (both often compute |q_idx − kv_idx|) are computed once."""
@@ -187,6 +189,7 @@ class Builder:
         vector = a.vector or (b is not None and b.vector) or (isinstance(c, Slot) and c.vector)
         out = self.slot(dtype.is_floating_point or bounds is not None, vector, dtype, bounds)
         self.code.append((operands[0], out.index, *operands[1:]))
+        self.producers[out.index] = (opcode, a, b or a)
         if dtype.is_floating_point and opcode != "F_GATHER":  # a gather's: lower_lookup's
             operand_slots = [a, b, c if isinstance(c, Slot) else None]
             self.flows[out.index] = any(

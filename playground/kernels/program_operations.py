@@ -219,3 +219,18 @@ def _exact_flat_index(builder: Builder, table: torch.Tensor, indices: tuple) -> 
     if not isinstance(flat, Slot):
         return None
     return builder.value(flat, torch.int64)  # converted once, for the gather
+
+
+def negate(builder: Builder, slot: Slot) -> Slot:
+    """−slot (float), folded where it costs no pass over the keys: −(s · v) for a per-row
+    scalar s is (−s) · v, −(a − b) is b − a."""
+    producer = builder.producers.get(slot.index)
+    if producer is not None:
+        opcode, a, b = producer
+        if opcode == "F_MUL" and not a.vector and b.vector:
+            return builder.emit("F_MUL", torch.float32, builder.emit("F_NEG", a.dtype, a), b)
+        if opcode == "F_MUL" and a.vector and not b.vector:
+            return builder.emit("F_MUL", torch.float32, a, builder.emit("F_NEG", b.dtype, b))
+        if opcode == "F_SUB":
+            return builder.emit("F_SUB", torch.float32, b, a)
+    return builder.emit("F_NEG", torch.float32, slot)

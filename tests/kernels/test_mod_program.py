@@ -17,7 +17,7 @@ from playground.kernels import native
 from playground.kernels.blocked import program_attention
 from playground.kernels.mod_grid import coarsest_spans
 from playground.kernels.mod_program import lower
-from playground.kernels.program_builder import OPCODES
+from playground.kernels.program_builder import FLOAT_SCALAR, OPCODES
 from playground.testing import check_attention
 from playground.testing.checks import check_fast_matches_reference
 
@@ -104,7 +104,9 @@ def test_a_lowered_mod_equals_dense_attention_forward_and_backward(mod, mask, n_
 def test_index_arithmetic_runs_on_float_lanes_only_while_it_is_exact():
     program = lower(MODS["alibi"], None, None, 1, H, 64, 64, None, False, torch.device("cpu"))
     opcodes = {OPCODES[code] for code in program.code[:, 0].tolist()}
-    assert opcodes == {"F_SUB", "F_ABS", "F_MUL"}  # no int64 lanes, no conversion
+    assert opcodes == {"F_SUB", "F_ABS", "F_NEG", "F_MUL"}  # no int64 lanes, no conversion
+    negated = program.code[program.code[:, 0] == OPCODES.index("F_NEG")]
+    assert program.slot_types[negated[:, 1]].tolist() == [FLOAT_SCALAR]  # −slope, per row
     large = lower(MODS["reads b, exp and a large product"], None, None, 1, H, 64, 64, None,
                   False, torch.device("cpu"))  # fmt: skip
     assert "I_MUL" in {OPCODES[code] for code in large.code[:, 0].tolist()}  # q·kv·1e5 > 2^24

@@ -31,7 +31,7 @@ enum Opcode : int64_t {
   OPCODE_COUNT
 };
 
-constexpr int64_t PROGRAM_CHUNK = 256;  // keys per evaluation: every slot stays in L1
+constexpr int64_t PROGRAM_CHUNK = 1024;  // keys per evaluation: a few slots stay in L1, fewer chunk overheads
 
 // The program as Python hands it over (see mod_program.py for the layout of each tensor).
 struct ModProgram {
