@@ -80,6 +80,36 @@ def trace_mod(mod: Callable[..., torch.Tensor], owner: torch.nn.Module | None = 
     return TracedMod(torch.fx.Tracer().trace(root), root)
 
 
+class _TracedPair(torch.nn.Module):
+    """A score_mod and a mask_mod (either may be None) as one forward: one trace."""
+
+    def __init__(
+        self,
+        score_mod: Callable[..., torch.Tensor] | None,
+        mask_mod: Callable[..., torch.Tensor] | None,
+        owner: torch.nn.Module | None,
+    ):
+        super().__init__()
+        self.owner = owner
+        self.score_mod, self.mask_mod = score_mod, mask_mod
+
+    def forward(self, score, b, h, q_idx, kv_idx):
+        bias = None if self.score_mod is None else self.score_mod(score, b, h, q_idx, kv_idx)
+        allowed = None if self.mask_mod is None else self.mask_mod(b, h, q_idx, kv_idx)
+        return bias, allowed
+
+
+def trace_mods(
+    score_mod: Callable[..., torch.Tensor] | None,
+    mask_mod: Callable[..., torch.Tensor] | None,
+    owner: torch.nn.Module | None = None,
+) -> TracedMod:
+    """A score_mod and a mask_mod traced together (a trace's fixed cost paid once): the
+    graph's output is (score_mod's, mask_mod's), None for a mod not given."""
+    root = _TracedPair(score_mod, mask_mod, owner)
+    return TracedMod(torch.fx.Tracer().trace(root), root)
+
+
 def _arity(mod: Callable[..., torch.Tensor]) -> int:
     try:
         return len(inspect.signature(mod).parameters)

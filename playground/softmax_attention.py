@@ -32,10 +32,10 @@ the hook), so a wrong layout fails with a message instead of deep inside a kerne
   O(n·(w + block)) attention time and memory, plus O(n²) cheap evaluations of the rule
   itself. An additive bias that never reads q_idx (one row per key) skips the blocks:
   `kernels.key_bias_attention` folds it into the keys, one fused call. In float32 with
-  the native kernels built, an additive `score_mod` and `mask_mod` whose bias needs no
-  gradient are lowered to a program (`kernels.mod_program`) that the native blocked
-  kernels evaluate per row, in cache, forward and backward: no bias is stored, and a
-  relative one needs no Toeplitz view. Otherwise, within a span, an
+  the native kernels built, an additive `score_mod` and `mask_mod` are lowered to a
+  program (`kernels.mod_program`) that the native blocked kernels evaluate per row, in
+  cache, forward and backward (its learned parameters get their gradients there): no
+  bias is stored, and a relative one needs no Toeplitz view. Otherwise, within a span, an
   additive `score_mod` is turned into a bias for fused SDPA; any other is applied to explicit
   block scores. Training memory stays O(n · block), and parameters used in `score_mod`
   get their gradients. FlexAttention has no CPU backward, which is why this path exists.

@@ -4,7 +4,7 @@ cache: the additive bias of a `score_mod` (score + f(b, h, q_idx, kv_idx)), −i
 
 Evaluated by torch over a block, an element-wise bias costs one pass through memory per
 operation, each over B·H·block·span values, and then SDPA reads it once more: at n = 4096
-that is more time than the attention. Here the mod is traced (`mod_structure.trace_mod`)
+that is more time than the attention. Here the mods are traced (`mod_structure.trace_mods`)
 on every call, since a plain value it reads (a window, an option) may change between
 calls, and partially evaluated:
 
@@ -16,10 +16,10 @@ calls, and partially evaluated:
   kv_idx]`, T5's buckets), with torch's promotion and integer semantics (floor division,
   remainders, negative indices; an index out of range fails as torch's does).
 
-`lower` returns None, with the reason, for whatever it does not know (another dtype, an
+`lower` returns the reason (a str) for whatever it does not know (another dtype, an
 operation outside that list, a leaf larger than a row or a column): the caller keeps the
-path made of torch operations, which is correct for any mod. The program gives its leaves
-no gradient, so a bias that needs one keeps that path in training too.
+path made of torch operations, which is correct for any mod. Learned leaves and tables
+get their gradients from the native backward's reverse sweep of the program.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from playground.kernels.program_builder import (
     dtype_of,
 )
 from playground.kernels.program_operations import lower_lookup, lower_node, negate
-from playground.mod_structure import TracedMod, trace_mod
+from playground.mod_structure import TracedMod, trace_mods
 
 __all__ = ["ModProgram", "lower"]
 
@@ -145,18 +145,13 @@ def lower(
     }
     builder = Builder(batch, heads, n_q, n_k, device, grids)
     try:
-        bias: Any = 0.0
-        if score_mod is not None:
-            arguments = {**grids, "score": SCORE}
-            bias = _run_graph(builder, trace_mod(score_mod, owner), arguments)
-            bias = 0.0 if bias is SCORE else bias
-            if not dtype_of(bias).is_floating_point:
-                raise NotLowered("a score_mod whose bias is not floating point")
-        allowed: Any = None
-        if mask_mod is not None:
-            allowed = _run_graph(builder, trace_mod(mask_mod, owner), dict(grids))
-            if dtype_of(allowed) != torch.bool:
-                raise NotLowered("a mask_mod that does not return bool")
+        traced = trace_mods(score_mod, mask_mod, owner)
+        bias, allowed = _run_graph(builder, traced, {**grids, "score": SCORE})
+        bias = 0.0 if bias is None or bias is SCORE else bias
+        if not dtype_of(bias).is_floating_point:
+            raise NotLowered("a score_mod whose bias is not floating point")
+        if allowed is not None and dtype_of(allowed) != torch.bool:
+            raise NotLowered("a mask_mod that does not return bool")
         if is_causal:
             causal = lower_node(builder, operator.le, (grids["kv_idx"], grids["q_idx"]), {})
             allowed = causal if allowed is None else _and(builder, allowed, causal)
