@@ -96,7 +96,8 @@ def lower_node(builder: Builder, target: Any, args: tuple, kwargs: dict) -> Slot
         dtype = result_dtype(torch.add, *args)  # the type both are compared in
         dtype = torch.int64 if dtype == torch.bool else dtype
         args = tuple(builder.value(x) if isinstance(x, torch.Tensor) else x for x in args)
-        if dtype == torch.int64 and all(bounds_of(x) is not None for x in args):
+        known = [bounds_of(x) for x in args]
+        if dtype == torch.int64 and all(e is not None and max(map(abs, e)) <= EXACT for e in known):
             dtype = torch.float32  # integers held as floats compare as floats, exactly
         relation = COMPARISONS[target]
         a, b = (builder.value(x, dtype) for x in args)
@@ -153,6 +154,10 @@ def lower_node(builder: Builder, target: Any, args: tuple, kwargs: dict) -> Slot
         if named is None and (not isinstance(dtype, torch.dtype) or kwargs or len(args) > 2):
             raise NotLowered(f".{target}() other than to a dtype")
         return builder.value(args[0], dtype)
+    if target in (operator.pow, torch.pow, "pow", "__pow__") and not kwargs and len(args) == 2:
+        if args[1] == 2 and not isinstance(args[1], bool):  # x ** 2: x · x, as torch computes it
+            return lower_node(builder, operator.mul, (args[0], args[0]), {})
+        raise NotLowered(f"a power other than 2 ({args[1]!r})")
     if target in (operator.getitem, "__getitem__"):
         return lower_lookup(builder, args[0], args[1])
     raise NotLowered(f"the operation {name}")

@@ -39,6 +39,9 @@ MODS = {
     + torch.exp(-((q * kv * 100_000) % 11).float())
     - torch.sqrt((q + kv).float()),
     "a per-key leaf and a minimum": lambda s, b, h, q, kv: s + torch.minimum(q - kv, DOCUMENT[kv]),
+    "a square, and a comparison with an integer past 2^24": lambda s, b, h, q, kv: s
+    - 0.01 * (q - kv) ** 2
+    + ((q * kv + 2**24) > 2**24 + 1).float(),
 }  # fmt: skip
 MASKS = {
     "none": None,
