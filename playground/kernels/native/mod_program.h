@@ -180,7 +180,9 @@ class ProgramRun {
       const int64_t count = std::min(PROGRAM_CHUNK, span - first);
       load_vectors(batch, head, key_start + first, count);
       run(count, nullptr);
-      std::fill(adjoints_.begin(), adjoints_.end(), 0.0f);
+      for (int64_t slot = 0; slot < slots_; ++slot) {  // only where a gradient flows
+        if (flows[slot]) std::fill(g(slot), g(slot) + (vector(slot) ? count : 1), 0.0f);
+      }
       float* seed = g(program_.output);
       if (vector(program_.output)) {
         std::copy(grad_bias + first, grad_bias + first + count, seed);
@@ -285,7 +287,20 @@ class ProgramRun {
           if (!table_grad.defined()) break;
           float* grad = table_grad.data_ptr<float>() + thread_ * table_grad.size(1);
           const int64_t* index = n(a);
-          for (int64_t j = 0; j < count; ++j) grad[index[av ? j : 0]] += gd[j];
+          // Runs of one index (a table by blocks of positions) are summed before they are
+          // added: one read-modify-write per run, not per key.
+          int64_t current = index[0];
+          float run_sum = 0.0f;
+          for (int64_t j = 0; j < count; ++j) {
+            const int64_t at_j = index[av ? j : 0];
+            if (at_j != current) {
+              grad[current] += run_sum;
+              current = at_j;
+              run_sum = 0.0f;
+            }
+            run_sum += gd[j];
+          }
+          grad[current] += run_sum;
           break;
         }
         default:
