@@ -445,11 +445,14 @@ class SoftmaxAttention(AttentionVariant):
             return self._forward_flex(query, key, value, attention_mask, is_causal)
         scheduler = self._scheduler()
         batch, n_q, n_k = query.shape[0], query.shape[1], key.shape[1]
-        program = scheduler.lowered(
-            batch, self.num_heads, n_q, n_k, attention_mask, is_causal, query
-        )
         # A relative bias the native kernels can evaluate per row needs no Toeplitz view.
-        if self._has_score_mod and self._relative and not self._has_mask_mod and program is None:
+        if (
+            self._has_score_mod
+            and self._relative
+            and not self._has_mask_mod
+            and scheduler.lowered(batch, self.num_heads, n_q, n_k, attention_mask, is_causal, query)
+            is None
+        ):
             relative_bias = scheduler.score_per_offset(
                 self.num_heads, query.shape[1], key.shape[1], query
             )  # (H, Nq + Nk − 1)
@@ -586,7 +589,10 @@ class SoftmaxAttention(AttentionVariant):
         wrong result fails naming the hook on every path."""
         score_mod = self.score_mod if self._has_score_mod else None
         mask_mod = self.mask_mod if self._has_mask_mod else None
-        lowerable = score_mod is None or self._additive
+        # A program when there is a mod to run, and the score_mod (if any) is additive.
+        lowerable = (score_mod is not None or mask_mod is not None) and (
+            score_mod is None or self._additive
+        )
         return ModScheduler(
             score_mod=self._scores if self._has_score_mod else None,
             mask_mod=self._mask if self._has_mask_mod else None,

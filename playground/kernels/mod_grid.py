@@ -126,6 +126,19 @@ def coarsest_spans(fine: list[Span], block_size: int) -> list[Span]:
     return best
 
 
+def offset_grid(
+    heads: int, n_q: int, n_k: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The relative offsets r = kv − q from −(Nq − 1) to Nk − 1 (R,) and index tensors
+    b (1,1,1,1), h (1,H,1,1), q_idx and kv_idx (1,1,1,R) that hold one in-range pair per
+    offset, (q, kv) = (−r, 0) for r < 0 and (0, r) otherwise: a mod of kv − q alone,
+    evaluated on them, gives its value per offset, and a mod that looks indices up in a
+    table stays in it."""
+    offsets = torch.arange(-(n_q - 1), n_k, device=device)
+    b, h, q_idx, kv_idx = index_grid(1, heads, (-offsets).clamp(min=0), offsets.clamp(min=0))
+    return offsets, b, h, q_idx.view(1, 1, 1, -1), kv_idx
+
+
 def offset_spans(
     mask_mod: MaskMod,
     heads: int,
@@ -139,9 +152,8 @@ def offset_spans(
     the offsets r = kv − q it allows (in any head, evaluated at in-range pairs (−r, 0) or
     (0, r), as for a relative score_mod), and for each block of queries the hull of q + r
     over them, within the keys; O(Nq + Nk) evaluations, O(blocks · log) for the spans."""
-    offsets = torch.arange(-(n_q - 1), n_k, device=device)
-    b, h, q_idx, kv_idx = index_grid(1, heads, (-offsets).clamp(min=0), offsets.clamp(min=0))
-    allowed = mask_mod(b, h, q_idx.view(1, 1, 1, -1), kv_idx)  # (1, H or 1, 1, R)
+    offsets, b, h, q_idx, kv_idx = offset_grid(heads, n_q, n_k, device)
+    allowed = mask_mod(b, h, q_idx, kv_idx)  # (1, H or 1, 1, R)
     allowed = allowed.reshape(-1, len(offsets)).any(dim=0)
     if is_causal:
         allowed &= offsets <= 0

@@ -40,8 +40,8 @@ from playground.kernels.program_builder import (
     Slot,
     dtype_of,
 )
-from playground.kernels.program_operations import lower_lookup, lower_node, negate
-from playground.mod_structure import TracedMod, trace_mods
+from playground.kernels.program_operations import lower_node, negate
+from playground.mod_structure import ADDITIONS, SUBTRACTIONS, TracedMod, trace_mods
 
 __all__ = ["ModProgram", "lower"]
 
@@ -75,9 +75,6 @@ def _run_graph(builder: Builder, traced: TracedMod, arguments: dict[str, Any]) -
             elif not {"q_idx", "kv_idx"} <= reads[node]:
                 values[node] = _eager(node, args, kwargs)
             else:
-                if node.op == "call_method" and target in ("__getitem__",):
-                    values[node] = lower_lookup(builder, args[0], args[1])
-                    continue
                 values[node] = lower_node(builder, target, args, kwargs)
     raise NotLowered("a graph without an output")
 
@@ -88,8 +85,6 @@ class _Score:
 
 
 SCORE = _Score()
-ADDITION = (operator.add, torch.add, "add")
-SUBTRACTION = (operator.sub, torch.sub, "sub")
 
 
 def _lower_score_term(builder: Builder, target: Any, args: tuple, kwargs: dict) -> Any:
@@ -101,9 +96,9 @@ def _lower_score_term(builder: Builder, target: Any, args: tuple, kwargs: dict) 
         return lower_node(builder, target, args, kwargs)
     if target in ("to", "float", "type_as") and args and scores[0]:
         return SCORE
-    if target in (*ADDITION, *SUBTRACTION) and not kwargs and len(args) == 2 and sum(scores) == 1:
+    if target in ADDITIONS | SUBTRACTIONS and not kwargs and len(args) == 2 and sum(scores) == 1:
         term = builder.value(args[1] if scores[0] else args[0], torch.float32)
-        if target in ADDITION:  # score + t, t + score
+        if target in ADDITIONS:  # score + t, t + score
             return term
         if scores[0]:  # score − t
             return negate(builder, term)

@@ -46,6 +46,7 @@ from playground.kernels.mod_grid import (
     allowed_pairs,
     coarsest_spans,
     index_grid,
+    offset_grid,
     offset_spans,
 )
 from playground.kernels.mod_program import ModProgram
@@ -87,10 +88,9 @@ class ModScheduler:
         −(Nq − 1) to Nk − 1, evaluated at in-range index pairs (q, kv) = (−r, 0) for r < 0
         and (0, r) otherwise, so a mod that looks indices up in a table stays in it."""
         assert self.score_mod is not None, "only a scheduler with a score_mod has one"
-        offsets = torch.arange(-(n_q - 1), n_k, device=like.device)
+        offsets, b, h, q_idx, kv_idx = offset_grid(heads, n_q, n_k, like.device)
         zero = torch.zeros((), dtype=like.dtype, device=like.device)
-        b, h, q_idx, kv_idx = index_grid(1, heads, (-offsets).clamp(min=0), offsets)
-        bias = self.score_mod(zero, b, h, q_idx.view(1, 1, 1, -1), kv_idx.clamp(min=0))
+        bias = self.score_mod(zero, b, h, q_idx, kv_idx)
         return bias.to(like.dtype).broadcast_to(1, heads, 1, len(offsets))[0, :, 0]
 
     def key_spans(
