@@ -16,6 +16,7 @@ from playground.cli.scaffold import create_variant
 from playground.errors import PlaygroundError
 from playground.registry import Registry, configure
 from playground.testing import check_attention
+from playground.testing.checks import check_fast_matches_reference
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,6 +56,26 @@ def test_mod_template_is_short_and_passes_the_contract_suite(bundled_registry, t
     report = check_attention("mymod", registry=registry)
     assert report.ok, report.failures
     assert report.verdict_of("check_fast_matches_reference") == "passed"  # blocked == dense
+
+
+def test_mod_template_declares_nothing_so_an_edited_mod_stays_right(bundled_registry, tmp_path):
+    """Issue 42: the template declared `additive_score_mod = True`; a user who kept the line
+    and wrote a tanh soft-cap got a fast path that adds instead (5 checks failed). The
+    template declares nothing; the structure is proven by trace."""
+    created = create_variant("softcapped", bundled_registry, tmp_path, kind="mod")
+    text = created.path.read_text()
+    assert "additive_score_mod" not in text and "relative_score_mod" not in text
+    registry = _registry_with(tmp_path)
+    assert registry.build("softcapped", 32, 4).score_mod_structure().reason == ("proven by trace")
+    edited = text.replace(
+        "return score - 0.1 * (q_idx - kv_idx).abs()", "return 5.0 * torch.tanh(score / 5.0)"
+    ).replace("import playground\n", "import torch\n\nimport playground\n")
+    assert edited != text
+    created.path.write_text(edited)
+    registry = _registry_with(tmp_path)
+    assert registry.build("softcapped", 32, 4).score_mod_structure().kind == "general"
+    report = check_attention("softcapped", checks=[check_fast_matches_reference], registry=registry)
+    assert report.verdict_of("check_fast_matches_reference") == "passed", report.failures
 
 
 def test_from_and_kind_do_not_combine(tmp_path, capsys):
