@@ -420,8 +420,8 @@ def test_an_eval_length_above_eval_bytes_is_refused_naming_it(prose_dir):
 def test_bigram_beats_unigram_on_a_repeated_pattern(tmp_path):
     directory = tmp_path / "pattern"
     directory.mkdir()
-    for index in range(8):
-        (directory / f"{index}.txt").write_bytes(b"0123456789abcdef" * 300)
+    for index in range(8):  # the pattern from another place in each: 8 distinct texts
+        (directory / f"{index}.txt").write_bytes((b"0123456789abcdef" * 301)[index : index + 4800])
     baselines = task(directory, seq_len=8, eval_bytes=256).baselines(8)
     assert baselines["bigram"] < 0.2 < 3.8 < baselines["unigram"] < 4.2  # log2(16) = 4
 

@@ -6,20 +6,29 @@ A corpus is named by a `source`:
   `idle_test/`) and `site-packages`: about 12 MB of real code (734 files on 3.11) that every machine with
   Python has, with nothing to download;
 - a file (enwik8, one book of PG-19), a directory (every file under it, hidden ones and
-  `__pycache__` left out; links to directories are not followed) or a glob (`data/*.txt`, `books/**/*.txt`); `~` is expanded and
-  a relative path is taken from the working directory.
+  `__pycache__` left out; links to directories are not followed) or a glob (`data/*.txt`,
+  `books/**/*.txt`, matched as `glob.glob(recursive=True)` matches; a link to a directory is
+  followed unless it leads to a directory already read, so a link loop is read once); `~` is
+  expanded and a relative path is taken from the working directory.
+
+A file is read once however many names lead to it (symbolic or hard links, a loop): under
+its name with the fewest links on the way, then the fewest parts, then the first in order.
 
 Splits are assigned by file, never by random offsets into one stream, so no held-out
 byte was ever a training byte's neighbour in the same file: files are ordered by a hash of
 their path relative to the corpus root (a fixed pseudo-random order that does not depend
 on the file system's listing), and taken in that order for test until it holds
 `HELD_OUT_FRACTION` of the bytes, then for validation, the rest for training. A file that
-would overfill a held-out split is left to training. A corpus of one or two files, or one
-whose files are too uneven to split that way, is split into contiguous spans instead
-(enwik8's convention: the last bytes are test, the ones before them validation); the
-corpus says which (`split_by`).
+would overfill a held-out split is left to training. Files with identical text go to the
+split the first of them went to, so no text is both trained on and held out (a corpus the
+first rule already split so keeps its split and fingerprint). A corpus of one or two files,
+or one whose files are too uneven to split that way, is split into contiguous spans instead
+(enwik8's convention: the last bytes are test, the ones before them validation), with each
+text once; the corpus says which (`split_by`). A split that would still share a file or a
+text between two splits is refused (CorpusError).
 
-The fingerprint hashes every file's relative path and bytes, and the split rule's version:
+The fingerprint hashes every file's relative path and bytes, and the split rule's version
+(with a mark where identical texts changed a split or a span stream from the first rule's):
 two corpora with equal fingerprints give equal splits, byte for byte. Every row records it,
 and rows with different fingerprints are never compared.
 
@@ -29,6 +38,8 @@ decode; only the samples shown in a report are decoded, with replacement charact
 
 from __future__ import annotations
 
+import fnmatch
+import functools
 import glob
 import hashlib
 import os
@@ -52,6 +63,11 @@ HELD_OUT_FRACTION = 0.05
 SPLIT_RULE = "by-file-hash-v1"
 """Hashed into the fingerprint: a change of the split rule changes every fingerprint."""
 SPLITS = ("train", "validation", "test")
+TEXTS_KEPT_TOGETHER = b"identical-texts-in-one-split"
+"""Hashed into the fingerprint when identical texts moved a file from the split the
+first rule gave it (such a corpus's earlier split put one text in two splits)."""
+REPEATS_LEFT_OUT = b"repeated-texts-left-out-of-spans"
+"""Hashed into the fingerprint when a span-split corpus read a text once that it held twice."""
 
 
 class CorpusError(ConfigError):
@@ -93,10 +109,10 @@ def find_files(source: str) -> tuple[Path, list[Path]]:
             for path in root.rglob("*.py")
             if not STDLIB_EXCLUDED & set(path.relative_to(root).parts[:-1])
         ]
-        return root, sorted(path for path in files if path.is_file())
+        return root, sorted(_read_once(root, [path for path in files if path.is_file()]))
     expanded = os.path.expanduser(source)
     if glob.has_magic(expanded):
-        files = sorted(Path(p) for p in glob.glob(expanded, recursive=True) if Path(p).is_file())
+        files = sorted(_expand(expanded))
         if not files:
             raise CorpusError(
                 f"corpus {source!r}: the pattern matches no file; check it (`**` matches "
@@ -122,7 +138,7 @@ def find_files(source: str) -> tuple[Path, list[Path]]:
                 f"corpus {source!r}: the directory {path} holds no file (links to "
                 "directories are not followed); put text in it, or give another corpus"
             )
-        return path, sorted(files)
+        return path, sorted(_read_once(path, files))
     if path.exists():
         raise CorpusError(
             f"corpus {source!r}: {path} is not a regular file or a directory (a pipe or a "
@@ -132,6 +148,111 @@ def find_files(source: str) -> tuple[Path, list[Path]]:
         f"corpus {source!r}: no such file or directory ({path.resolve()}); give a file, a "
         f"directory, a glob, or {STDLIB!r} for the Python standard library"
     )
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The file or directory `path` leads to (device, inode); None when it cannot be stat'ed."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
+
+
+def _links_on_the_way(root: Path, path: Path) -> int:
+    """How many of `path`'s parts below `root` are symbolic links."""
+    parts = path.relative_to(root).parts
+    return sum((root.joinpath(*parts[: index + 1])).is_symlink() for index in range(len(parts)))
+
+
+def _read_once(root: Path, files: list[Path]) -> list[Path]:
+    """`files` with one name per file they lead to: the name with the fewest links on the
+    way, then the fewest parts, then the first in order (so a tree reached through a link
+    keeps its own names)."""
+    ranked = sorted(
+        files,
+        key=lambda path: (_links_on_the_way(root, path), len(path.parts), str(path)),
+    )
+    kept: dict[tuple[int, int] | Path, Path] = {}
+    for path in ranked:
+        kept.setdefault(_identity(path) or path, path)
+    return list(kept.values())
+
+
+def _is_hidden(name: str) -> bool:
+    return name.startswith(".")
+
+
+def _component_matches(pattern: str, name: str) -> bool:
+    """One path component against one pattern component, as glob matches it: wildcards
+    never match a leading dot unless the pattern has one."""
+    if not glob.has_magic(pattern):
+        return pattern == name
+    if _is_hidden(name) and not _is_hidden(pattern):
+        return False
+    return fnmatch.fnmatchcase(name, pattern)
+
+
+@functools.lru_cache(maxsize=4096)
+def _matches(pattern: tuple[str, ...], parts: tuple[str, ...], prefix: bool) -> bool:
+    """Whether `parts` match `pattern` (`**` matches any number of components that are
+    not hidden); with `prefix`, whether a path below `parts` could."""
+    if not parts:
+        return bool(pattern) if prefix else all(each == "**" for each in pattern)
+    if not pattern:
+        return False
+    head, *others = pattern
+    if head == "**":
+        return _matches(tuple(others), parts, prefix) or (
+            not _is_hidden(parts[0]) and _matches(pattern, parts[1:], prefix)
+        )
+    return _component_matches(head, parts[0]) and _matches(tuple(others), parts[1:], prefix)
+
+
+def _expand(pattern: str) -> list[Path]:
+    """The files `pattern` matches, as `glob.glob(pattern, recursive=True)` finds them, but
+    reading each directory once: a link to a directory already read (a loop back up the
+    tree, a second way into one) is not followed, where glob follows it until the path is
+    too long to resolve (issue 42: a loop made 12 files 492) or, with two loops, for ever.
+    The walk reads the directories themselves first and the links after, so a file keeps
+    the name without links where it has one."""
+    parts = Path(pattern).parts
+    fixed = next(index for index, part in enumerate(parts) if glob.has_magic(part))
+    base, wanted = Path(*parts[:fixed]) if fixed else Path(), tuple(parts[fixed:])
+    seen = {_identity(base)}
+    found: list[Path] = []
+    links: list[tuple[Path, tuple[str, ...]]] = []
+    pending: list[tuple[Path, tuple[str, ...]]] = [(base, ())]
+    while pending or links:
+        if not pending:
+            directory, below = links.pop(0)
+            identity = _identity(directory)
+            if identity is None or identity in seen:
+                continue
+            seen.add(identity)
+            pending.append((directory, below))
+        directory, below = pending.pop()
+        try:
+            entries = sorted(os.scandir(directory), key=lambda entry: entry.name)
+        except OSError:  # unreadable, or gone: glob leaves it out too
+            continue
+        for entry in reversed(entries):  # popped in sorted order
+            relative = (*below, entry.name)
+            try:
+                is_directory = entry.is_dir()
+            except OSError:
+                continue
+            if is_directory:
+                if not _matches(wanted, relative, True):
+                    continue
+                if entry.is_symlink():
+                    links.append((Path(entry.path), relative))
+                elif _identity(Path(entry.path)) not in seen:
+                    seen.add(_identity(Path(entry.path)))
+                    pending.append((Path(entry.path), relative))
+            elif _matches(wanted, relative, False) and entry.is_file():
+                found.append(Path(entry.path))
+    return _read_once(base, found)
 
 
 def read_bytes(path: Path, source: str) -> bytes:
@@ -148,24 +269,54 @@ def _order(relative: str) -> bytes:
     return hashlib.blake2b(os.fsencode(relative), digest_size=16).digest()
 
 
-def _split_by_file(sizes: dict[str, int]) -> dict[str, list[str]] | None:
-    """Files to splits in hash order (see the module docstring); None when a held-out
-    split stays empty."""
+def _split_by_file(
+    sizes: dict[str, int], texts: dict[str, bytes | None]
+) -> tuple[dict[str, list[str]], bool] | None:
+    """Files to splits in hash order (see the module docstring), and whether identical
+    texts (`texts`: name -> digest, None for an empty file) moved a file from the split
+    the rule alone gives it; None when a held-out split stays empty."""
     total = sum(sizes.values())
     target = HELD_OUT_FRACTION * total
     chosen: dict[str, list[str]] = {split: [] for split in SPLITS}
-    filled = {"test": 0, "validation": 0}
+    filled = {"train": 0, "test": 0, "validation": 0}
+    split_of_text: dict[bytes, str] = {}
+    moved = False
     for name in sorted(sizes, key=_order):
-        for split in ("test", "validation"):
-            if filled[split] < target and filled[split] + sizes[name] <= 2 * target:
-                chosen[split].append(name)
-                filled[split] += sizes[name]
-                break
-        else:
-            chosen["train"].append(name)
+        by_rule = next(
+            (
+                split
+                for split in ("test", "validation")
+                if filled[split] < target and filled[split] + sizes[name] <= 2 * target
+            ),
+            "train",
+        )
+        text = texts[name]
+        split = by_rule if text is None else split_of_text.setdefault(text, by_rule)
+        moved |= split != by_rule
+        chosen[split].append(name)
+        filled[split] += sizes[name]
     if not all(chosen[split] for split in SPLITS):
         return None
-    return chosen
+    return chosen, moved
+
+
+def check_disjoint(
+    source: str, files: dict[str, tuple[str, ...]], texts: dict[str, bytes | None]
+) -> None:
+    """CorpusError when two splits share a file or a text: held-out bytes that were also
+    trained on (or validated on) would make the held-out score a memory test."""
+    for index, first in enumerate(SPLITS):
+        for second in SPLITS[index + 1 :]:
+            shared = sorted(set(files[first]) & set(files[second]))
+            own = {texts[name]: name for name in files[first] if texts[name] is not None}
+            same = [(own[texts[n]], n) for n in files[second] if texts[n] in own]
+            if shared or same:
+                named = f"{shared[0]!r}" if shared else f"{same[0][0]!r} and {same[0][1]!r}"
+                raise CorpusError(
+                    f"corpus {source!r}: the {first} and {second} splits share "
+                    f"{'the file' if shared else 'the text of'} {named}, so held-out bytes "
+                    f"would be trained on; remove the copies from the corpus"
+                )
 
 
 def load_corpus(source: str = STDLIB) -> Corpus:
@@ -204,16 +355,29 @@ def _read(source: str, root: Path, files: list[Path]) -> Corpus:
         raise CorpusError(
             f"corpus {source!r}: its {len(files)} file(s) under {root} are empty; give text"
         )
-    by_file = _split_by_file(sizes) if len(contents) >= 3 else None
+    texts = {
+        name: hashlib.blake2b(data, digest_size=20).digest() if data else None
+        for name, data in contents.items()
+    }
+    by_file = _split_by_file(sizes, texts) if len(contents) >= 3 else None
     if by_file is not None:
+        splits, moved = by_file
+        if moved:
+            digest.update(TEXTS_KEPT_TOGETHER)
+        files_of = {split: tuple(names) for split, names in splits.items()}
+        check_disjoint(source, files_of, texts)
         streams = {
             split: _stream(b"".join(contents[name] for name in names))
-            for split, names in by_file.items()
+            for split, names in files_of.items()
         }
-        files_of = {split: tuple(names) for split, names in by_file.items()}
         split_by: Literal["file", "span"] = "file"
     else:
-        names = sorted(contents, key=_order)
+        first_of_text: dict[bytes, str] = {}
+        for name in sorted(contents, key=_order):
+            first_of_text.setdefault(texts[name] or os.fsencode(name), name)
+        names = list(first_of_text.values())  # a text held twice is read once
+        if len(names) < len(contents):
+            digest.update(REPEATS_LEFT_OUT)
         whole = b"".join(contents[name] for name in names)
         held_out = int(HELD_OUT_FRACTION * len(whole))
         train_end, validation_end = len(whole) - 2 * held_out, len(whole) - held_out
