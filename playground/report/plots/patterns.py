@@ -10,8 +10,13 @@ stands out against it.
 
 A variant that cannot return weights is drawn from its `pattern_weights` hook when it
 has one (probabilities over projected slots, say); any other says so in its panel. The
-bias figure draws the `logit_bias` of the first variant of the run that has one. The mask is where the weights are non-zero (the contract gives masked keys exactly
-zero weight; float64 keeps real keys from underflowing).
+bias figure draws the `logit_bias` of the first variant of the run that has one.
+
+The mask panel draws the mask, not the weights: a weight that underflowed to exactly 0 is
+a pair the variant may see. A `SoftmaxAttention`'s mask is its `mask_mod`; any other
+variant's is the pairs it gives weight on inputs without content (every token zero, so
+every key looks alike and only positions tell them apart) or on the drawn inputs: the
+contract gives a masked pair exactly zero weight whatever the inputs.
 """
 
 from __future__ import annotations
@@ -34,11 +39,12 @@ from playground.contract import (
     checked_pattern_weights,
 )
 from playground.errors import PlaygroundError
+from playground.kernels.mod_grid import index_grid
 from playground.registry import Registry, default_registry
 from playground.report.plots.data import RunData, declared, format_value
 from playground.report.plots.style import PANEL_SIZE, finish, readable, variant_colour
 from playground.run.fidelity import LOCAL_SCALE, copy_reference_weights, local_tokens
-from playground.softmax_attention import ExactAttention
+from playground.softmax_attention import ExactAttention, SoftmaxAttention
 
 PATTERN_LENGTH = 64
 MASKED = "#f2f2f2"
@@ -68,6 +74,29 @@ def _weights(module: AttentionVariant, tokens: torch.Tensor) -> tuple[torch.Tens
         if drawn is not None:
             return drawn[0][0, 0], drawn[1]
     return None, ""
+
+
+def _allowed(
+    module: AttentionVariant, tokens: torch.Tensor, weights: torch.Tensor
+) -> tuple[np.ndarray, str]:
+    """(Nq, columns) bool, True where head 0 of batch 0 may see a column, and where that
+    comes from (the panel's title). Never `weights != 0` alone: weights underflow to 0."""
+    n_q, n_k = weights.shape
+    if isinstance(module, SoftmaxAttention) and n_k == tokens.shape[1]:
+        grid = index_grid(1, module.num_heads, torch.arange(n_q), torch.arange(n_k))
+        with torch.no_grad():
+            allowed = torch.as_tensor(module.mask_mod(*grid), dtype=torch.bool)
+        return allowed.broadcast_to(1, module.num_heads, n_q, n_k)[0, 0].numpy(), "mask_mod"
+    without_content, _ = _weights(module, torch.zeros_like(tokens))
+    seen = weights != 0
+    if without_content is not None and without_content.shape == weights.shape:
+        seen |= without_content != 0
+    return seen.numpy(), "weight on 2 inputs"
+
+
+def _mask_title(allowed: np.ndarray, source: str) -> str:
+    share = "all" if allowed.all() else f"{allowed.mean():.0%} of"
+    return f"mask ({source}): {share} pairs seen"
 
 
 def _panel_title(name: str, options: dict[str, Any], original: dict[str, Any]) -> str:
@@ -161,7 +190,7 @@ def attention_pattern_figure(
             bottom.set_visible(False)
             continue
         values = weights.numpy()
-        seen = values != 0  # a masked pair has weight exactly 0; some families go negative
+        seen, mask_source = _allowed(module, tokens, weights)
         if values.min() < 0:  # signed weights (differential attention): diverging, at 0
             limit = float(np.abs(values).max())
             colours, norm = SIGNED_COLOURS, Normalize(vmin=-limit, vmax=limit)
@@ -181,7 +210,7 @@ def attention_pattern_figure(
         bottom.imshow(
             seen, cmap=MASK_COLOURS, vmin=0, vmax=1, aspect="auto", interpolation="nearest"
         )
-        bottom.set_title(f"mask: {seen.mean():.0%} of pairs seen", fontsize=9)
+        bottom.set_title(_mask_title(seen, mask_source), fontsize=9)
         for axes in (top, bottom):
             _position_axes(axes, values.shape, columns, first_column=column == 0)
     finish(
@@ -190,6 +219,8 @@ def attention_pattern_figure(
         [
             "inputs: AR(1) tokens, W_k = W_q (exact attention is local); "
             "masked pairs are light grey",
+            "mask: a SoftmaxAttention's mask_mod, else the pairs given weight on these "
+            "inputs or on all-zero ones (a weight that underflows to 0 is not masked)",
             *notes,
         ],
     )
