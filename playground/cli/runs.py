@@ -11,7 +11,7 @@ from rich.markup import escape
 from playground.cli.output import console, error_console, warn_failed_plugins
 from playground.errors import PlaygroundError
 from playground.registry import Registry
-from playground.report.bench_history import plot_history
+from playground.report.bench_history import HISTORY_FIGURE, plot_history
 from playground.report.pages import write_report
 from playground.report.plots import plot_run
 from playground.report.summary import write_summary
@@ -191,7 +191,7 @@ def _plot_and_report(
 
 def command_plot(registry: Registry, arguments: argparse.Namespace) -> int:
     if arguments.benchmarks:
-        out = Path(arguments.out or "bench_history.png")
+        out = Path(arguments.out or HISTORY_FIGURE)
         console.print(f"wrote {plot_history(Path(arguments.run_dir or '.benchmarks'), out)}")
         return 0
     if not arguments.run_dir:

@@ -2,8 +2,11 @@
 `.benchmarks/<machine>/NNNN_<commit>_<date>.json`): reading them, and a figure of every
 variant's median time across runs.
 
-    plot_history(".benchmarks", "bench_history.png") -> Path
-    python -m playground.report.bench_history [.benchmarks] [--out bench_history.png]
+    plot_history(".benchmarks", HISTORY_FIGURE) -> Path
+    python -m playground.report.bench_history [.benchmarks] [--out FILE]
+
+The figure goes to `HISTORY_FIGURE`, results/benchmarks/bench_history.png, beside the other
+generated output (never the checkout's root).
     python -m playground.report.bench_history [.benchmarks] --noise
 
 `--noise` prints, per benchmark, the largest slow-down from one saved run to the next of
@@ -34,8 +37,12 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from playground.errors import PlaygroundError
-from playground.report.plots.style import variant_colour
+from playground.report.plots.style import log_axis, variant_colour
 from playground.report.summary import PASS_TITLES
+
+HISTORY_FIGURE = Path("results") / "benchmarks" / "bench_history.png"
+"""Where the history figure is written unless told (relative to the working directory,
+as the storage `.benchmarks` is): with the runs' results, which git ignores."""
 
 
 @dataclass(frozen=True)
@@ -237,8 +244,17 @@ def print_noise(runs: Sequence[SavedRun]) -> None:
 
 
 def plot_history(benchmark_dir: str | os.PathLike[str], out_path: str | os.PathLike[str]) -> Path:
-    """Draw the median time of every variant across the saved runs: one panel per pass
-    (rows) and sequence length (columns), runs in the order they were saved."""
+    """Write `history_figure` of the saved runs to `out_path` (its folder is created)."""
+    figure = history_figure(benchmark_dir)
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out)
+    return out
+
+
+def history_figure(benchmark_dir: str | os.PathLike[str]) -> Figure:
+    """The median time of every variant across the saved runs: one panel per pass (rows)
+    and sequence length (columns), runs in the order they were saved."""
     runs = load_saved_runs(benchmark_dir)
     panels = _median_ms(runs)
     if not panels:
@@ -249,34 +265,55 @@ def plot_history(benchmark_dir: str | os.PathLike[str], out_path: str | os.PathL
     passes = [p for p in PASS_TITLES if any(key[0] == p for key in panels)]
     seq_lens = sorted({key[1] for key in panels})
     figure = Figure(
-        figsize=(2.0 + 4.2 * len(seq_lens), 1.2 + 3.4 * len(passes)), dpi=120, layout="constrained"
+        figsize=(2.6 + 4.2 * len(seq_lens), 1.4 + 3.4 * len(passes)), dpi=120, layout="constrained"
     )
     grid = figure.subplots(len(passes), len(seq_lens), squeeze=False, sharex=True)
     for row, pass_name in enumerate(passes):
         for column, seq_len in enumerate(seq_lens):
             axes = grid[row][column]
-            for variant, points in sorted(panels.get((pass_name, seq_len), {}).items()):
+            medians = panels.get((pass_name, seq_len), {})
+            for variant, points in sorted(medians.items()):
                 xs, ys = zip(*points, strict=True)
                 axes.plot(xs, ys, marker="o", label=variant, color=variant_colour(variant))
-            axes.set_yscale("log")
+            if medians:
+                log_axis(axes, [ms for points in medians.values() for _, ms in points])
+            else:
+                axes.text(
+                    0.5,
+                    0.5,
+                    "not in any saved run",
+                    ha="center",
+                    va="center",
+                    transform=axes.transAxes,
+                    color="0.4",
+                )
+                axes.set_yticks([])
             axes.set_title(f"{PASS_TITLES[pass_name]}, n = {seq_len}", fontsize=10)
             axes.grid(True, which="both", alpha=0.3)
+            axes.set_xlim(-0.5, len(runs) - 0.5)  # one run: a point in the middle
             if column == 0:
                 axes.set_ylabel("median time (ms)")
             if row == len(passes) - 1:
                 axes.set_xticks(range(len(runs)), [run.label for run in runs], rotation=60)
                 axes.tick_params(axis="x", labelsize=7)
+                axes.set_xlabel("saved run (number, commit), oldest first")
     handles = {}  # one legend entry per variant, whichever panels it appears in
     for axes in grid.flat:
         for handle, label in zip(*axes.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, handle)
-    figure.legend(handles.values(), handles.keys(), loc="outside right upper", fontsize=8)
+    ordered = sorted(handles)
+    # Beside the panels, centred: "upper" put it level with the title, over its end.
+    figure.legend(
+        [handles[label] for label in ordered],
+        ordered,
+        loc="outside right center",
+        fontsize=8,
+        title="variant",
+    )
     machines = sorted({run.path.parent.name for run in runs})
-    figure.suptitle(f"Benchmark history ({len(runs)} saved runs; {', '.join(machines)})")
-    out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out)
-    return out
+    count = f"{len(runs)} saved run{'' if len(runs) == 1 else 's'}"
+    figure.suptitle(f"Benchmark history: {count} on {', '.join(machines)}")
+    return figure
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -286,7 +323,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "or (--noise) measure how much medians and normalised times move between runs.",
     )
     parser.add_argument("benchmark_dir", nargs="?", default=".benchmarks", help="storage")
-    parser.add_argument("--out", default="bench_history.png", help="figure file to write")
+    parser.add_argument(
+        "--out", default=str(HISTORY_FIGURE), help=f"figure file to write ({HISTORY_FIGURE})"
+    )
     parser.add_argument(
         "--noise",
         action="store_true",

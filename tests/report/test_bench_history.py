@@ -4,10 +4,14 @@ the noise report finds the largest slow-down between consecutive runs."""
 from __future__ import annotations
 
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.image import imread
+from matplotlib.text import Text
 
+from playground.cli import main as playground_main
 from playground.errors import PlaygroundError
 from playground.report.bench_history import (
+    history_figure,
     largest_steps,
     load_saved_runs,
     main,
@@ -77,3 +81,36 @@ def test_noise_reports_the_normalised_time_the_time_gate_compares(tmp_path, caps
     assert (
         "normalised time: largest step between consecutive runs (2 runs, 1 benchmarks) +0%" in out
     )
+
+
+def test_history_of_one_run_says_run_and_keeps_the_legend_off_the_title(tmp_path):
+    """Issue 42: "1 saved runs", and a legend drawn over the end of the title."""
+    save_run(tmp_path, 1, {"vanilla-n512-forward": 1, "linformer-n512-forward": 1})
+    figure = history_figure(tmp_path)
+    title = figure.get_suptitle()
+    assert "1 saved run " in title and "runs" not in title
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()  # the constrained layout places the legend as it is saved
+    renderer = canvas.get_renderer()
+    [title_text] = [text for text in figure.findobj(Text) if text.get_text() == title]
+    title_box = title_text.get_window_extent(renderer)
+    legend_box = figure.legends[0].get_window_extent(renderer)
+    assert not title_box.overlaps(legend_box), (title_box, legend_box)
+    for number in (2, 3):
+        save_run(tmp_path, number, {"vanilla-n512-forward": 1})
+    assert "3 saved runs " in history_figure(tmp_path).get_suptitle()
+
+
+def test_history_figure_goes_under_results_not_the_checkouts_root(tmp_path, monkeypatch):
+    """Issue 42: bench_history.png was written to the working directory, the repository's
+    root; both commands now write results/benchmarks/bench_history.png."""
+    save_run(tmp_path / ".benchmarks", 1, PEAKS)
+    monkeypatch.chdir(tmp_path)
+    written = tmp_path / "results" / "benchmarks" / "bench_history.png"
+    assert main([]) == 0
+    assert written.is_file()
+    assert not (tmp_path / "bench_history.png").exists()
+    written.unlink()
+    assert playground_main(["plot", "--benchmarks"]) == 0
+    assert written.is_file()
+    assert not (tmp_path / "bench_history.png").exists()
