@@ -31,8 +31,10 @@ from playground.report.tables import (
     EXPONENT_COLUMNS,
     LANGUAGE_TABLE_COLUMNS,
     LANGUAGE_TITLE,
+    SCALING_TITLE,
     SUMMARY_COLUMNS,
     exponent_entries,
+    exponent_note,
     language_entries,
     summary_entries,
     summary_title,
@@ -241,22 +243,25 @@ def _markdown_table(table: Table) -> str:
     return "\n".join(lines)
 
 
-def _sections(run: RunData) -> list[tuple[str, Table]]:
-    """(title, table) of every table section that has rows."""
-    sections = []
+def _sections(run: RunData) -> list[tuple[str, Table, str | None]]:
+    """(title, table, note under it or None) of every table section that has rows."""
+    sections: list[tuple[str, Table, str | None]] = []
     if run.measurements:
         lines = summarize(run.measurements, run.spec.get("baseline"), ceilings_from_env(run.env))
-        sections.append((summary_title(lines), summary_table(lines)))
-        sections.append(("Scaling: fitted exponent of time and memory vs n", exponent_table(lines)))
+        sections.append((summary_title(lines), summary_table(lines), None))
+        scaling = exponent_table(lines)
+        sections.append((SCALING_TITLE, scaling, exponent_note(scaling[1])))
     if run.accuracy:
-        sections.append(("Accuracy (mean [95% interval over seeds])", accuracy_table(run.accuracy)))
+        accuracy = accuracy_table(run.accuracy)
+        sections.append(("Accuracy (mean [95% interval over seeds])", accuracy, None))
     if run.language:
-        sections.append((LANGUAGE_TITLE, language_table(run.language)))
+        sections.append((LANGUAGE_TITLE, language_table(run.language), None))
     if run.failed:
-        sections.append(("Failed cells", failure_table(run.failed)))
+        sections.append(("Failed cells", failure_table(run.failed), None))
     load_errors = load_error_table(run.env)
     if load_errors[1]:
-        sections.append(("Plugins that failed to load (their variants did not run)", load_errors))
+        heading = "Plugins that failed to load (their variants did not run)"
+        sections.append((heading, load_errors, None))
     return sections
 
 
@@ -286,8 +291,10 @@ def render_html(run: RunData, figures: Sequence[Path]) -> str:
     if description:
         parts.append(f"<p>{html.escape(description)}</p>")
     parts.append(f"<p>{html.escape(run.environment_note())}</p>")
-    for heading, table in _sections(run):
+    for heading, table, note in _sections(run):
         parts += [f"<h2>{html.escape(heading)}</h2>", _html_table(table)]
+        if note:
+            parts.append(f"<p>{html.escape(note)}</p>")
     samples = continuations(run.language)
     if samples:
         parts += _continuations_html(samples)
@@ -320,8 +327,10 @@ def render_markdown(run: RunData, figures: Sequence[Path], relative_to: Path) ->
     if description:
         parts += [description, ""]
     parts += [run.environment_note(), ""]
-    for heading, table in _sections(run):
+    for heading, table, note in _sections(run):
         parts += [f"## {heading}", "", _markdown_table(table), ""]
+        if note:
+            parts += [note, ""]
     samples = continuations(run.language)
     if samples:
         parts += _continuations_markdown(samples)

@@ -14,7 +14,9 @@ How sure each number is, is said beside it:
   and a decode step's bandwidth efficiency likewise against its best memory bandwidth
   (`memory_bandwidth_bytes_per_s`);
 - exponents with their standard error from three or more lengths, marked as a two-point
-  slope from two, and as uncertain when the error is large or a time shrinks with n;
+  slope from two, and as doubtful (`DOUBTFUL`, "?") when the error is large or the slope
+  is implausible: negative, or above `MAX_PLAUSIBLE_EXPONENT`; the figures show only
+  exponents fitted from three or more lengths that are not doubtful;
 - `baseline_missing` on every line, and a note, when the spec names a baseline that was
   not run.
 """
@@ -40,6 +42,7 @@ from playground.run.measure import (
     FLAG_PASS_ORDER,
     FLAGS,
     MIN_SPREAD_RUNS,
+    UNCERTAIN_EXPONENT,
     ScalingFit,
     cost_flags,
     fit_scaling,
@@ -111,13 +114,44 @@ def scaling_fits(
     return fit("time_ms"), fit("peak_memory_bytes") or fit("state_bytes")
 
 
+MAX_PLAUSIBLE_EXPONENT = 3.0
+"""No attention's time or memory grows faster than n³ (exact attention's grow as n²): a
+steeper slope is noise or an overhead that changed between lengths."""
+DOUBTFUL = "?"
+"""The mark after a doubtful exponent in the tables; `DOUBTFUL_NOTE` says what it means."""
+DOUBTFUL_NOTE = (
+    f"{DOUBTFUL}: doubtful, do not read it as a scaling law: negative (neither time nor "
+    f"memory shrinks as n grows: noise or a fixed overhead), above "
+    f"{MAX_PLAUSIBLE_EXPONENT:g}, or a standard error above {UNCERTAIN_EXPONENT}; "
+    f"measure more lengths"
+)
+
+
+def doubtful(fit: ScalingFit) -> bool:
+    """Whether a fit's slope is implausible or too unsure to read: negative, above
+    MAX_PLAUSIBLE_EXPONENT, or a standard error above UNCERTAIN_EXPONENT. A plausible
+    two-point slope is not doubtful, only marked as a two-point slope."""
+    unsure = fit.stderr is not None and fit.stderr > UNCERTAIN_EXPONENT
+    return unsure or fit.exponent < 0 or fit.exponent > MAX_PLAUSIBLE_EXPONENT
+
+
+def exponent_text(fit: ScalingFit | None) -> str:
+    """A fit as the tables show it: `1.98 ± 0.02`, `1.90 (2-point slope)`,
+    `-0.69 (2-point slope) ?`; "-" where fewer than two lengths were measured."""
+    if fit is None:
+        return "-"
+    return fit.text() + (f" {DOUBTFUL}" if doubtful(fit) else "")
+
+
 def exponents(rows: Iterable[dict[str, Any]]) -> tuple[float | None, float | None]:
     """Time and memory exponents of one (setup, pass) that can be shown as facts
-    (figure legends): None from fewer than three lengths or when the fit is uncertain
-    (ScalingFit.uncertain); the tables show those with their caveat."""
+    (figure legends): None from fewer than three lengths or when the fit is doubtful;
+    the tables show those with their caveat."""
 
     def shown(fit: ScalingFit | None) -> float | None:
-        return None if fit is None or fit.uncertain else fit.exponent
+        if fit is None or fit.stderr is None or fit.lengths < 3 or doubtful(fit):
+            return None
+        return fit.exponent
 
     time_fit, memory_fit = scaling_fits(rows)
     return shown(time_fit), shown(memory_fit)

@@ -15,9 +15,18 @@ from rich.markup import escape
 from rich.table import Table
 
 from playground.report.language import language_rows, setup_name
-from playground.report.summary import OK, PASS_TITLES, Line, accuracy_rows, baseline_note
+from playground.report.summary import (
+    DOUBTFUL,
+    DOUBTFUL_NOTE,
+    OK,
+    PASS_TITLES,
+    Line,
+    accuracy_rows,
+    baseline_note,
+    exponent_text,
+)
 from playground.run.fidelity import CAUSAL_REFERENCE
-from playground.run.measure import FLAG_MEANINGS, ScalingFit
+from playground.run.measure import FLAG_MEANINGS
 from playground.run.stats import accuracy_bounds, format_interval
 
 
@@ -183,6 +192,10 @@ SUMMARY_COLUMNS = (
     "status",
 )
 EXPONENT_COLUMNS = ("variant", "pass", "time exponent", "memory exponent")
+SCALING_TITLE = (
+    "Scaling: fitted exponent of time and memory vs n (1: grows as n, 2: as n²), ± its "
+    "standard error; from two lengths only a two-point slope"
+)
 SUMMARY_TITLE = "Summary (median time; peak memory above the inputs)"
 
 
@@ -223,10 +236,6 @@ def summary_entries(line: Line) -> list[str]:
     ]
 
 
-def _fit_text(fit: ScalingFit | None) -> str:
-    return "-" if fit is None else fit.text()
-
-
 def exponent_entries(lines: list[Line]) -> list[list[str]]:
     """EXPONENT_COLUMNS, one row per (setup, pass)."""
     rows: dict[tuple[str, str], list[str]] = {}
@@ -236,11 +245,17 @@ def exponent_entries(lines: list[Line]) -> list[list[str]]:
             [
                 line.label,
                 line.pass_name,
-                _fit_text(line.time_fit),
-                _fit_text(line.memory_fit),
+                exponent_text(line.time_fit),
+                exponent_text(line.memory_fit),
             ],
         )
     return list(rows.values())
+
+
+def exponent_note(rows: list[list[str]]) -> str | None:
+    """What the doubtful mark means, when one of the exponent rows carries it."""
+    marked = any(entry.endswith(f" {DOUBTFUL}") for row in rows for entry in row[2:])
+    return DOUBTFUL_NOTE if marked else None
 
 
 def compact_table(title: str | None = None) -> Table:
@@ -307,17 +322,20 @@ def print_summary(lines: list[Line], console: Console) -> None:
     if note:
         console.print(f"[yellow]note[/yellow]: {escape(note)}", soft_wrap=True)
     console.print(
-        "\n[bold]Scaling[/bold]: fitted exponent of time and memory vs n (1: grows as n, 2: as "
-        "n²), ± its standard error; from two lengths only a two-point slope"
+        "\n" + escape(SCALING_TITLE).replace("Scaling", "[bold]Scaling[/bold]", 1), soft_wrap=True
     )
     scaling = compact_table()
     scaling.add_column("variant", no_wrap=True)
     scaling.add_column("pass", no_wrap=True)
     scaling.add_column("time exponent", justify="right")
     scaling.add_column("memory exponent", justify="right")
-    for row in exponent_entries(lines):
+    exponent_rows = exponent_entries(lines)
+    for row in exponent_rows:
         scaling.add_row(*map(escape, row))
     console.print(scaling)
+    note = exponent_note(exponent_rows)
+    if note:
+        console.print(f"[yellow]{DOUBTFUL}[/yellow]{escape(note[len(DOUBTFUL) :])}", soft_wrap=True)
     for line in lines:
         if line.status != OK:
             console.print(

@@ -130,13 +130,14 @@ def _reference_slopes(axes: Axes, anchors: list[tuple[int, float]]) -> None:
         )
 
 
-def _exponent_text(run: RunData, label: str, metric: Metric) -> str:
-    """`n^1.98 | n^1.95` (mathtext): the fitted exponent per pass, '–' where fewer than
-    two lengths were measured; empty when no pass has a fit."""
+def _exponent_text(run: RunData, label: str, metric: Metric, passes: list[str]) -> str:
+    """`n^1.98 | n^1.95` (mathtext): the fitted exponent per pass of `passes`, '–' where
+    none can be shown (fewer than three lengths, or a doubtful fit: summary.exponents);
+    empty when no pass has one."""
     if metric.exponent is None:
         return ""
     fitted = []
-    for pass_name in filter(metric.shows, run.passes):
+    for pass_name in passes:
         rows = [r for r in run.measurements if r["label"] == label and r["pass"] == pass_name]
         fitted.append(exponents(rows)[metric.exponent] if rows else None)
     if all(value is None for value in fitted):
@@ -155,6 +156,7 @@ def scaling_figure(run: RunData, metric: Metric) -> Figure | None:
     ]
     figure = new_figure(len(passes), metric.title)
     lengths = [row["seq_len"] for row in rows]
+    fitted = {label: _exponent_text(run, label, metric, passes) for label in run.labels(rows)}
     statuses: set[str] = set()
     notes: list[str] = []
     any_flagged = False
@@ -180,7 +182,7 @@ def scaling_figure(run: RunData, metric: Metric) -> Figure | None:
                     color=colour,
                     marker=series_marker(series),
                     markersize=5,
-                    label=series.legend + _exponent_text(run, label, metric),
+                    label=series.legend + fitted[label],
                 )
                 anchors.extend(points)
             limits = [
@@ -233,8 +235,13 @@ def scaling_figure(run: RunData, metric: Metric) -> Figure | None:
         else:
             _efficiency_limit(axes, anchors)
     title = None
-    if metric.exponent is not None and len(set(lengths)) > 1:
+    if any(fitted.values()):  # promise exponents only where a legend entry shows one
         title = "fitted exponent: " + " | ".join(PASS_TITLES.get(p, p) for p in passes)
+        notes.append(
+            "fitted exponent: from three or more lengths; none (or '–' for a pass) where "
+            "fewer were measured or the fit is doubtful (the report's scaling table has every "
+            "slope)"
+        )
     extra = status_handles(statuses)
     if any_flagged:
         extra.append(_FLAGGED_HANDLE)
