@@ -17,6 +17,7 @@ from typing import Any
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import NullLocator
 from matplotlib.transforms import blended_transform_factory
 
@@ -264,6 +265,7 @@ def language_cost_figure(run: RunData) -> Figure | None:
     figure = new_figure(
         len(panels), "Bits per byte against training time (lower left is better)", extra_width=0.6
     )
+    hollow = False
     for axes, ((task, train_length), points) in zip(figure.axes, panels.items(), strict=True):
         rows = [row for row, _ in points]
         shared = shared_settings(rows)
@@ -301,8 +303,22 @@ def language_cost_figure(run: RunData) -> Figure | None:
         axes.set_ylabel("bits per byte at the training length (mean, 95% interval)")
         axes.set_title(_title(task, rows, train_length), fontsize=10)
         axes.grid(True, alpha=0.3)
-    finish(figure, run, notes)  # each point is labelled with its setup: no legend
+        hollow = hollow or any(own_settings(row, shared) for row in rows)
+    if hollow:  # each point is labelled with its setup: the legend says only what hollow is
+        figure.axes[0].legend(handles=[_OWN_SETTINGS_HANDLE], loc="best", fontsize=7)
+    finish(figure, run, notes)
     return figure
+
+
+_OWN_SETTINGS_HANDLE = Line2D(
+    [],
+    [],
+    linestyle="none",
+    marker="o",
+    markerfacecolor="none",
+    markeredgecolor="0.3",
+    label="hollow: a setup with model settings of its own",
+)
 
 
 def _seconds(row: dict[str, Any]) -> float | None:
