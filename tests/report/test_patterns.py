@@ -97,3 +97,22 @@ def test_any_variant_whose_weights_underflow_has_no_mask(tmp_path):
     assert title == "mask (weight on 2 inputs): all pairs seen"
     assert np.asarray(mask).all()
     assert (np.ma.getdata(weights) == 0).mean() > 0.5
+
+
+def test_relative_bias_has_a_colour_scale_per_head(tmp_path):
+    """Issue 42: one colour bar per row left ALiBi's gentle heads blank beside its steep
+    one; each head now has its own scale and bar."""
+    from playground.report.plots.patterns import relative_bias_figure
+
+    registry = Registry.discover(entry_points=False)
+    rows = [measurement(v, v, 64, "forward", num_heads=8) for v in ("alibi", "t5_relative")]
+    figure = relative_bias_figure(load_run(write_run(tmp_path / "run", rows)), registry)
+    panels = [axes for axes in figure.axes if axes.get_title()]
+    assert len(panels) == 8  # 4 heads of each
+    for axes in panels:
+        [image] = axes.images
+        assert image.colorbar is not None, axes.get_title()
+        drawn = np.abs(np.asarray(image.get_array())).max()
+        assert image.norm.vmax == pytest.approx(drawn) and image.norm.vmin == -image.norm.vmax
+    alibi = [a.images[0].norm.vmax for a in panels if a.get_title().startswith("alibi")]
+    assert max(alibi) > 50 * min(alibi)  # a slope per head: scales orders of magnitude apart

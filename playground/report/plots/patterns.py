@@ -265,12 +265,14 @@ def relative_bias_figure(
         return None
     columns = min(BIAS_HEADS, num_heads)
     heads = np.linspace(0, num_heads - 1, columns).round().astype(int)
-    figure = Figure(figsize=(columns * 3.0 + 1.2, len(biases) * 2.9 + 1.0), layout="constrained")
+    figure = Figure(figsize=(columns * 3.7 + 0.6, len(biases) * 2.9 + 1.0), layout="constrained")
     grid = figure.subplots(len(biases), columns, squeeze=False)
     figure.suptitle(f"Bias added to the scores by position, on {n} tokens (as initialised)")
     for line, (name, bias) in zip(grid, biases.items(), strict=True):
-        limit = float(np.abs(bias).max()) or 1.0
         for index, (axes, head) in enumerate(zip(line, heads, strict=True)):
+            # Each head its own scale: heads' biases differ by orders of magnitude (a
+            # slope per head), and one scale per row leaves the gentle heads blank.
+            limit = float(np.abs(bias[head]).max()) or 1.0
             # aspect="auto": a fixed (equal) aspect defeats the constrained layout, which
             # then lets a row's axis labels run into the next row's titles.
             image = axes.imshow(
@@ -283,6 +285,9 @@ def relative_bias_figure(
             )
             axes.set_title(f"{name}, head {head}", fontsize=9, color=readable(variant_colour(name)))
             _position_axes(axes, bias[head].shape, "key position j", first_column=index == 0)
-        _bar_ticks(figure.colorbar(image, ax=line, shrink=0.7, label="bias"), -limit, limit, 5)
-    finish(figure, run, ["each variant's `logit_bias`; its own colour scale per row", *notes])
+            bar = figure.colorbar(image, ax=axes, shrink=0.8, pad=0.02)
+            _bar_ticks(bar, -limit, limit, 5)
+            if index == len(heads) - 1:
+                bar.set_label("bias", fontsize=8)
+    finish(figure, run, ["each variant's `logit_bias`; each head its own colour scale", *notes])
     return figure
