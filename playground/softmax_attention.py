@@ -17,8 +17,9 @@ the hook), so a wrong layout fails with a message instead of deep inside a kerne
   with torch operations (`score - slope[h] * (q_idx - kv_idx).abs()`) works unchanged; then
   a masked softmax. The oracle.
 - Structure. Whether a `score_mod` is relative (score + g(h, kv − q)) or additive
-  (score + f(b, h, q, kv)) is proven by tracing it (`mod_structure.trace_structure`, a
-  torch.fx graph read, not sampled values), or declared (`relative_score_mod`,
+  (score + f(b, h, q, kv)) is proven by tracing it on every call (`mod_structure.
+  analyse_mods`, a torch.fx graph read, not sampled values: a plain attribute the mod
+  branches on may change between calls), or declared (`relative_score_mod`,
   `additive_score_mod`, which override the trace); `score_mod_structure()` says which and
   why. A mod that cannot be proven either keeps the general path.
 - CPU fast path. With no mods and no padding, one SDPA call. A relative `score_mod`
@@ -73,7 +74,7 @@ from playground.kernels.mod_grid import allowed_pairs, index_grid
 from playground.kernels.mod_program import ModProgram, lower
 from playground.kernels.mod_scheduler import ModScheduler
 from playground.masks import masked_softmax, queries_without_keys
-from playground.mod_structure import ModStructure, relative_mask, trace_structure
+from playground.mod_structure import ModAnalysis, ModStructure, analyse_mods
 
 
 @dataclass(frozen=True)
@@ -199,7 +200,7 @@ class SoftmaxAttention(AttentionVariant):
     def logit_bias(self, n_q: int, n_k: int) -> torch.Tensor | None:
         """An additive `score_mod`'s f(b, h, q_idx, kv_idx) for batch element 0: the
         bias figure draws it. None for a score_mod that is not additive, or none."""
-        if not (self._has_score_mod and self._additive):
+        if not (self._has_score_mod and self._mods().score.additive):
             return None
         device = next(self.parameters()).device
         b, h, q_idx, kv_idx = index_grid(
@@ -212,20 +213,28 @@ class SoftmaxAttention(AttentionVariant):
     def _has_score_mod(self) -> bool:
         return type(self).score_mod is not SoftmaxAttention.score_mod
 
-    def score_mod_structure(self) -> ModStructure:
-        """Which path the `score_mod` takes and why: declared, or proven by trace (once per
-        module); "general" for a mod that is neither, or none."""
-        if not self._has_score_mod:
-            return ModStructure("general", "no score_mod")
+    def score_mod_structure(self, dtype: torch.dtype | None = None) -> ModStructure:
+        """Which path the `score_mod` takes on scores of `dtype` (the module's, by default)
+        and why: declared, or proven by a trace made now; "general" for a mod that is
+        neither, or none."""
+        return self._mods(dtype).score
+
+    def _mods(self, dtype: torch.dtype | None = None) -> ModAnalysis:
+        """This call's verdicts on the mods, from one trace of both made now: a mod may
+        branch on a plain attribute set since the last call (a soft-cap switched on, a
+        document mask set), so no verdict is kept from an earlier call, as no span is."""
+        declared = None
         if self.relative_score_mod:
-            return ModStructure("relative", "declared (relative_score_mod = True)")
-        if self.additive_score_mod:
-            return ModStructure("additive", "declared (additive_score_mod = True)")
-        traced = self.__dict__.get("_traced_structure")
-        if traced is None:
-            traced = trace_structure(self.score_mod, owner=self)
-            self.__dict__["_traced_structure"] = traced
-        return traced
+            declared = ModStructure("relative", "declared (relative_score_mod = True)")
+        elif self.additive_score_mod:
+            declared = ModStructure("additive", "declared (additive_score_mod = True)")
+        return analyse_mods(
+            self.score_mod if self._has_score_mod else None,
+            self.mask_mod if self._has_mask_mod else None,
+            self,
+            dtype or self.q_proj.weight.dtype,
+            declared if self._has_score_mod else None,
+        )
 
     def cpu_kernel(self, n: int = 4096) -> str:
         """Which kernel the float32 CPU fast path runs on n tokens of self-attention
@@ -233,50 +242,34 @@ class SoftmaxAttention(AttentionVariant):
         and the run's rows report."""
         if not (self._has_score_mod or self._has_mask_mod):
             return "one fused SDPA call (no mods)"
-        if self._has_score_mod and self._per_key and not self._has_mask_mod:
+        mods = self._mods(torch.float32)
+        if self._has_score_mod and mods.score.per_key and not self._has_mask_mod:
             return "the bias folded into the keys: one fused SDPA call"
-        if self._has_score_mod and not self._additive:
-            return "blocks of explicit scores on torch's operations (the score_mod is not additive)"
+        if self._has_score_mod and not mods.score.additive:
+            return (
+                "blocks of explicit scores on torch's operations (the score_mod is not "
+                f"additive: {mods.score.reason})"
+            )
         if native.load() is None:
             reason = f"the native kernels are not built ({native.build_state().reason})"
         else:
-            device = next(self.parameters()).device
+            device = self.q_proj.weight.device
             score_mod = self.score_mod if self._has_score_mod else None
             mask_mod = self.mask_mod if self._has_mask_mod else None
-            program = lower(score_mod, mask_mod, self, 1, self.num_heads, n, n, None, False, device)
+            program = lower(
+                score_mod, mask_mod, self, 1, self.num_heads, n, n, None, False, device,
+                traced=mods.traced,
+            )  # fmt: skip
             if isinstance(program, ModProgram):
                 return "per row in the native kernels (a mod program)"
             reason = f"the program cannot express {program}"
-        if self._has_score_mod and self._relative and not self._has_mask_mod:
+        if self._has_score_mod and mods.score.kind == "relative" and not self._has_mask_mod:
             return f"a Toeplitz bias (relative_bias_attention): {reason}"
         return f"blocks on torch's operations: {reason}"
 
     @property
-    def _additive(self) -> bool:
-        return self.score_mod_structure().kind in ("additive", "relative")
-
-    @property
-    def _relative(self) -> bool:
-        return self.score_mod_structure().kind == "relative"
-
-    @property
-    def _per_key(self) -> bool:
-        """An additive mod whose bias never reads q_idx: one row per key."""
-        structure = self.score_mod_structure()
-        return structure.kind == "additive" and "q_idx" not in structure.bias_reads
-
-    @property
     def _has_mask_mod(self) -> bool:
         return type(self).mask_mod is not SoftmaxAttention.mask_mod
-
-    @property
-    def _relative_mask(self) -> bool:
-        """The mask_mod is proven a function of h and kv_idx − q_idx (once per module)."""
-        if not self._has_mask_mod:
-            return False
-        if "_traced_relative_mask" not in self.__dict__:
-            self.__dict__["_traced_relative_mask"] = relative_mask(self.mask_mod, owner=self)
-        return bool(self.__dict__["_traced_relative_mask"])
 
     def _output(
         self, context: torch.Tensor, query: torch.Tensor, empty: torch.Tensor | None
@@ -443,12 +436,12 @@ class SoftmaxAttention(AttentionVariant):
         empty: torch.Tensor | None  # (B, Nq, 1): the queries that see no key
         if query.is_cuda:
             return self._forward_flex(query, key, value, attention_mask, is_causal)
-        scheduler = self._scheduler()
+        mods = self._mods(query.dtype)  # traced now: verdicts as fresh as the spans
+        scheduler = self._scheduler(mods)
         batch, n_q, n_k = query.shape[0], query.shape[1], key.shape[1]
         # A relative bias the native kernels can evaluate per row needs no Toeplitz view.
         if (
-            self._has_score_mod
-            and self._relative
+            mods.score.kind == "relative"
             and not self._has_mask_mod
             and scheduler.lowered(batch, self.num_heads, n_q, n_k, attention_mask, is_causal, query)
             is None
@@ -474,7 +467,7 @@ class SoftmaxAttention(AttentionVariant):
                 empty = queries_without_keys(attention_mask, n_q, n_k, is_causal)  # (B, Nq, 1)
                 return AttentionOutput(self._output(context, query, empty), None)
         q, k, v = self._projected(query, key, value)  # (B, H, N, d)
-        if self._has_score_mod and self._per_key and not self._has_mask_mod:
+        if mods.score.per_key and not self._has_mask_mod:
             # A bias that never reads q_idx: one row per key, folded into the keys.
             b, h, q_idx, kv_idx = index_grid(
                 q.shape[0],
@@ -584,23 +577,24 @@ class SoftmaxAttention(AttentionVariant):
             "query can still see (a positive integer), or None for all of them",
         )
 
-    def _scheduler(self) -> ModScheduler:
+    def _scheduler(self, mods: ModAnalysis) -> ModScheduler:
         """This call's CPU block schedule, over the checked mods (`_scores`, `_mask`), so a
-        wrong result fails naming the hook on every path."""
+        wrong result fails naming the hook on every path; `mods`: this call's verdicts."""
         score_mod = self.score_mod if self._has_score_mod else None
         mask_mod = self.mask_mod if self._has_mask_mod else None
         # A program when there is a mod to run, and the score_mod (if any) is additive.
         lowerable = (score_mod is not None or mask_mod is not None) and (
-            score_mod is None or self._additive
+            score_mod is None or mods.score.additive
         )
+        program = functools.partial(lower, score_mod, mask_mod, self, traced=mods.traced)
         return ModScheduler(
             score_mod=self._scores if self._has_score_mod else None,
             mask_mod=self._mask if self._has_mask_mod else None,
-            additive=self._additive,
+            additive=mods.score.additive,
             scale=self.scale,
             block_size=self.config.block_size,
-            program=functools.partial(lower, score_mod, mask_mod, self) if lowerable else None,
-            relative_mask=self._relative_mask,
+            program=program if lowerable else None,
+            relative_mask=mods.relative_mask,
         )
 
 

@@ -41,7 +41,16 @@ from playground.kernels.program_builder import (
     dtype_of,
 )
 from playground.kernels.program_operations import lower_node, negate
-from playground.mod_structure import ADDITIONS, SUBTRACTIONS, TracedMod, trace_mods
+from playground.mod_structure import (
+    ADDITIONS,
+    CASTS,
+    SUBTRACTIONS,
+    TracedMod,
+    cast_dtype,
+    describe,
+    positional,
+    trace_mods,
+)
 
 __all__ = ["ModProgram", "lower"]
 
@@ -68,12 +77,15 @@ def _run_graph(builder: Builder, traced: TracedMod, arguments: dict[str, Any]) -
         elif node.op == "output":
             return substitute(node.args[0])
         else:
-            args, kwargs = substitute(node.args), dict(substitute(node.kwargs))
             target = node.target if node.op == "call_function" else str(node.target)
+            args, kwargs = substitute(node.args), dict(substitute(node.kwargs))
+            if not ("score" in reads[node] or {"q_idx", "kv_idx"} <= reads[node]):
+                values[node] = _eager(node, args, kwargs)
+                continue
+            # Lowered: operands in torch's positional order (torch.add(x, other=y): x, y).
+            args, kwargs = positional(target, args, kwargs)
             if "score" in reads[node]:
                 values[node] = _lower_score_term(builder, target, args, kwargs)
-            elif not {"q_idx", "kv_idx"} <= reads[node]:
-                values[node] = _eager(node, args, kwargs)
             else:
                 values[node] = lower_node(builder, target, args, kwargs)
     raise NotLowered("a graph without an output")
@@ -88,22 +100,31 @@ SCORE = _Score()
 
 
 def _lower_score_term(builder: Builder, target: Any, args: tuple, kwargs: dict) -> Any:
-    """A node that reads the score: score ± a term (the term, or its negation), or a cast
-    of the score to float32 (the score). Anything else (the score scaled, through tanh) is
-    not additive, whatever the class declares."""
+    """A node that reads the score: score ± a term (the term, or its negation; `alpha=`
+    scales the term), or a cast of the score that keeps its float32 value (the score).
+    Anything else (the score scaled, through tanh, rounded by a cast) is not additive,
+    whatever the class declares."""
     scores = [x is SCORE for x in args]
     if not any(scores):  # (score + a) + b: the score already absorbed, into a slot
         return lower_node(builder, target, args, kwargs)
-    if target in ("to", "float", "type_as") and args and scores[0]:
-        return SCORE
+    if target in CASTS and scores[0]:
+        if cast_dtype(target, args, kwargs) in (torch.float32, torch.float64):
+            return SCORE  # the program's scores are float32: these casts change nothing
+        raise NotLowered(f"the score through {describe(target, args, kwargs)}")
+    alpha = kwargs.pop("alpha", 1)
     if target in ADDITIONS | SUBTRACTIONS and not kwargs and len(args) == 2 and sum(scores) == 1:
-        term = builder.value(args[1] if scores[0] else args[0], torch.float32)
+        term = args[1] if scores[0] else args[0]
+        if alpha != 1 and not scores[0]:
+            raise NotLowered(f"the score scaled by alpha={alpha!r}")
+        if alpha != 1:
+            term = lower_node(builder, operator.mul, (term, alpha), {})
+        term = builder.value(term, torch.float32)
         if target in ADDITIONS:  # score + t, t + score
             return term
         if scores[0]:  # score − t
             return negate(builder, term)
         raise NotLowered("a subtraction of the score (its sign flips)")
-    raise NotLowered(f"the score through {getattr(target, '__name__', target)}")
+    raise NotLowered(f"the score through {describe(target, args, kwargs)}")
 
 
 def _eager(node: torch.fx.Node, args: tuple, kwargs: dict) -> Any:
@@ -127,11 +148,13 @@ def lower(
     keep: torch.Tensor | None,
     is_causal: bool,
     device: torch.device,
+    traced: TracedMod | None = None,
 ) -> ModProgram | str:
     """The program of this call's bias: score_mod(0, b, h, q, kv) (an additive score_mod:
     the caller knows it is), −inf where mask_mod, causality (q < kv) or padding (`keep`
-    (B, Nk) bool, False: hidden) hide a key. A reason (str) instead when it cannot be
-    lowered (module docstring)."""
+    (B, Nk) bool, False: hidden) hide a key. `traced`: the mods' trace made for this call
+    (`mod_structure.analyse_mods`), traced here when not given. A reason (str) instead
+    when it cannot be lowered (module docstring)."""
     grids = {
         "b": torch.arange(batch, device=device).view(-1, 1, 1, 1),
         "h": torch.arange(heads, device=device).view(1, -1, 1, 1),
@@ -140,7 +163,7 @@ def lower(
     }
     builder = Builder(batch, heads, n_q, n_k, device, grids)
     try:
-        traced = trace_mods(score_mod, mask_mod, owner)
+        traced = traced or trace_mods(score_mod, mask_mod, owner)
         bias, allowed = _run_graph(builder, traced, {**grids, "score": SCORE})
         bias = 0.0 if bias is None or bias is SCORE else bias
         if not dtype_of(bias).is_floating_point:
