@@ -53,6 +53,7 @@ OPCODES = [
     "WRAP_INDEX",
     "F_GATHER",
     "I_GATHER",
+    "F_CLAMP",
 ]
 OP = {name: code for code, name in enumerate(OPCODES)}
 FLOAT_VECTOR, INT_VECTOR, FLOAT_SCALAR, INT_SCALAR = range(4)
@@ -88,8 +89,13 @@ class ModProgram:
         return any(t.requires_grad for t in (*self.leaves, *self.table_sources))
 
     def gradient_inputs(self) -> list[torch.Tensor]:
-        """The leaves, then the table sources, that need gradients."""
-        return [t for t in (*self.leaves, *self.table_sources) if t.requires_grad]
+        """The leaves, then the table sources, that need gradients, each once (a gradient
+        is returned per tensor: one read twice must get the sum of both reads')."""
+        found: list[torch.Tensor] = []
+        for tensor in (*self.leaves, *self.table_sources):
+            if tensor.requires_grad and not any(tensor is seen for seen in found):
+                found.append(tensor)
+        return found
 
     def arguments(self) -> tuple[Any, ...]:
         leaves = [leaf.detach() for leaf in self.leaves]
@@ -140,7 +146,8 @@ class Builder:
     _emitted: dict[tuple, Slot] = field(default_factory=dict)
     """Instructions by opcode and operands: the score_mod's and mask_mod's common parts
     (both often compute |q_idx − kv_idx|) are computed once."""
-    _constant_slots: dict[tuple[float, torch.dtype], Slot] = field(default_factory=dict)
+    _constant_slots: dict[tuple[str, torch.dtype], Slot] = field(default_factory=dict)
+    """Constants by their exact value (repr: 2^53 + 1 is not 2^53, −0.0 is not 0.0)."""
     _materialized: dict[int, tuple[torch.Tensor, Slot]] = field(default_factory=dict)
     """Leaves by the id of the tensor they hold, which is kept alive with them (a freed
     tensor's id is reused)."""
@@ -163,13 +170,28 @@ class Builder:
         return Slot(len(self.slot_types) - 1, is_float, vector, dtype, bounds)
 
     def constant(self, value: float | int | bool, dtype: torch.dtype) -> Slot:
-        key = (float(value), dtype)
+        exact = float(value) if dtype.is_floating_point else int(value)
+        key = (repr(exact), dtype)
         if key not in self._constant_slots:
-            slot = self.slot(dtype.is_floating_point, False, dtype)
-            self.inputs.append((slot.index, CONSTANT, len(self.constants)))
-            self.constants.append(float(value))
+            if isinstance(exact, int) and abs(exact) > 2**53:
+                # The constants are float64, exact to 2^53: a larger integer is a leaf.
+                slot = self.leaf(torch.tensor(exact, dtype=torch.int64, device=self.device))
+            else:
+                slot = self.slot(dtype.is_floating_point, False, dtype)
+                self.inputs.append((slot.index, CONSTANT, len(self.constants)))
+                self.constants.append(float(exact))
             self._constant_slots[key] = slot
         return self._constant_slots[key]
+
+    def table_number(self, table: torch.Tensor) -> int:
+        """The number of `table` among the gathered tables, added once however often the
+        mods read it: its gradient then sums every read's, in one row."""
+        for number, source in enumerate(self.table_sources):
+            if source is table:
+                return number
+        self.tables.append(table.detach().reshape(-1).to(storage_dtype(table.dtype)).contiguous())
+        self.table_sources.append(table)
+        return len(self.tables) - 1
 
     def emit(
         self,
@@ -259,6 +281,8 @@ class Builder:
     def cast(self, slot: Slot, dtype: torch.dtype) -> Slot:
         if dtype.is_floating_point and dtype != torch.float32:
             raise NotLowered(f"a {dtype} value (the program computes in float32)")
+        if not dtype.is_floating_point and dtype not in (torch.int64, torch.bool):
+            raise NotLowered(f"a {dtype} value (the program holds float32, int64 and bool)")
         if slot.bounds is not None:  # an integer held as a float
             if dtype.is_floating_point:
                 return Slot(slot.index, True, slot.vector, dtype)
@@ -310,7 +334,9 @@ def exact_integer_op(builder: Builder, operation: str, *operands: Any) -> Slot |
     result stays within ±2^24 (then it is exact); None otherwise."""
     operands = tuple(builder.value(x) if isinstance(x, torch.Tensor) else x for x in operands)
     bounds = [bounds_of(x) for x in operands]
-    if any(b is None for b in bounds):
+    # Every operand within ±2^24 (a constant too: 2^24 + 1 is 2^24 as a float32), and the
+    # result: then each float32 operation is exact.
+    if any(b is None or max(abs(b[0]), abs(b[1])) > EXACT for b in bounds):
         return None
     result = INTERVALS[operation](bounds[0], bounds[-1])  # type: ignore[arg-type]
     if max(abs(result[0]), abs(result[1])) > EXACT:

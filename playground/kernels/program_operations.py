@@ -4,6 +4,7 @@ lookups, each with torch's promotion and integer semantics (`kernels.mod_program
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,7 @@ from playground.kernels.program_builder import (
     result_dtype,
     storage_dtype,
 )
+from playground.mod_structure import describe
 
 ARITHMETIC = {
     operator.add: "ADD", torch.add: "ADD", "add": "ADD",
@@ -51,12 +53,41 @@ PROMOTES: dict[str, Callable[..., Any]] = {"ADD": torch.add, "SUB": torch.sub, "
             "MAX": torch.add}  # fmt: skip
 
 
-def lower_node(builder: Builder, target: Any, args: tuple, kwargs: dict) -> Slot:
-    """One instruction (or a few) for a node that reads both q_idx and kv_idx."""
-    name = getattr(target, "__name__", str(target))
+KEYWORDS: dict[str, set[str]] = {"ADD": {"alpha"}, "SUB": {"alpha"}, "DIV": {"rounding_mode"},
+            "CLAMP": {"min", "max"}, "CAST": {"dtype", "copy", "non_blocking"}}  # fmt: skip
+"""The keyword arguments each operation reads (its operands come positionally,
+`mod_structure.positional`); any other keyword is refused, never ignored."""
+
+
+def _family(target: Any) -> str:
     if target in ARITHMETIC:
-        if kwargs or len(args) != 2:
-            raise NotLowered(f"{name} with {kwargs or len(args)} arguments")
+        return ARITHMETIC[target]
+    if target in (operator.truediv, torch.div, torch.true_divide, "div", "true_divide"):
+        return "DIV"
+    if target in (torch.clamp, torch.clip, "clamp", "clip"):
+        return "CLAMP"
+    return "CAST" if target in ("to", "type") else ""
+
+
+def lower_node(builder: Builder, target: Any, args: tuple, kwargs: dict) -> Slot:
+    """One instruction (or a few) for a node that reads both q_idx and kv_idx; `args` in
+    torch's positional order."""
+    name = describe(target, args, kwargs)
+    unread = set(kwargs) - KEYWORDS.get(_family(target), set())
+    if unread:
+        raise NotLowered(f"{name} with the keyword arguments {sorted(unread)}")
+    if target in ARITHMETIC:
+        alpha = kwargs.pop("alpha", 1)
+        if len(args) != 2 or isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+            raise NotLowered(f"{name} with {len(args)} operands and alpha={alpha!r}")
+        if alpha != 1:  # add(a, b, alpha=c) is a + c · b
+            number = isinstance(args[1], (int, float))
+            scaled: Any = (
+                args[1] * alpha
+                if number
+                else lower_node(builder, operator.mul, (args[1], alpha), {})
+            )
+            args = (args[0], scaled)
         dtype = result_dtype(PROMOTES[ARITHMETIC[target]], *args)
         if dtype == torch.bool:
             raise NotLowered(f"{name} of two bools")
@@ -65,9 +96,9 @@ def lower_node(builder: Builder, target: Any, args: tuple, kwargs: dict) -> Slot
         prefix = "F_" if dtype.is_floating_point else "I_"
         a, b = (builder.value(x, dtype) for x in args)
         return builder.emit(prefix + ARITHMETIC[target], dtype, a, b)
-    if target in (operator.truediv, torch.div, torch.true_divide, "div", "true_divide"):
+    if _family(target) == "DIV":
         mode = kwargs.pop("rounding_mode", None)
-        if kwargs or len(args) != 2 or mode not in (None, "floor"):
+        if len(args) != 2 or mode not in (None, "floor"):
             raise NotLowered(f"{name} with {kwargs or mode}")
         if mode == "floor":
             return lower_node(builder, operator.floordiv, args, {})
@@ -135,17 +166,8 @@ def lower_node(builder: Builder, target: Any, args: tuple, kwargs: dict) -> Slot
         x, y = builder.value(args[1], dtype), builder.value(args[2], dtype)
         opcode = "F_WHERE" if dtype.is_floating_point else "I_WHERE"
         return builder.emit(opcode, dtype, condition, x, y)
-    if target in (torch.clamp, torch.clip, "clamp", "clip"):
-        low = kwargs.pop("min", args[1] if len(args) > 1 else None)
-        high = kwargs.pop("max", args[2] if len(args) > 2 else None)
-        if kwargs:
-            raise NotLowered(f"{name} with {kwargs}")
-        value = args[0]
-        if low is not None:
-            value = lower_node(builder, torch.maximum, (value, low), {})
-        if high is not None:
-            value = lower_node(builder, torch.minimum, (value, high), {})
-        return builder.value(value)
+    if _family(target) == "CLAMP":
+        return _lower_clamp(builder, args, kwargs)
     if target in ("float", "long", "bool", "to", "type"):
         named = {"float": torch.float32, "long": torch.int64, "bool": torch.bool}.get(target)
         dtype = (
@@ -161,6 +183,30 @@ def lower_node(builder: Builder, target: Any, args: tuple, kwargs: dict) -> Slot
     if target in (operator.getitem, "__getitem__"):
         return lower_lookup(builder, args[0], args[1])
     raise NotLowered(f"the operation {name}")
+
+
+def _lower_clamp(builder: Builder, args: tuple, kwargs: dict) -> Slot:
+    """clamp(x, min, max): one instruction with torch's subgradients (x's gradient where
+    min <= x <= max, ties included, a bound's where it is the result); integers, which
+    carry no gradient, as maximum then minimum."""
+    value = args[0]
+    low = kwargs.pop("min", args[1] if len(args) > 1 else None)
+    high = kwargs.pop("max", args[2] if len(args) > 2 else None)
+    if low is None and high is None:
+        raise NotLowered("clamp without a bound")
+    dtype = result_dtype(torch.add, value, low if low is not None else high)
+    if low is not None and high is not None:
+        dtype = torch.promote_types(dtype, result_dtype(torch.add, value, high))
+    if not dtype.is_floating_point:
+        if low is not None:
+            value = lower_node(builder, torch.maximum, (value, low), {})
+        if high is not None:
+            value = lower_node(builder, torch.minimum, (value, high), {})
+        return builder.value(value)
+    # A missing bound is an infinite one: the same values and subgradients.
+    lower_bound = builder.value(-math.inf if low is None else low, dtype)
+    upper_bound = builder.value(math.inf if high is None else high, dtype)
+    return builder.emit("F_CLAMP", dtype, builder.value(value, dtype), lower_bound, upper_bound)
 
 
 def lower_lookup(builder: Builder, table: Any, index: Any) -> Slot:
@@ -191,11 +237,9 @@ def lower_lookup(builder: Builder, table: Any, index: Any) -> Slot:
         flat = term if flat is None else builder.emit("I_ADD", torch.int64, flat, term)
         stride *= table.shape[position]
     dtype = storage_dtype(table.dtype)
-    builder.tables.append(table.detach().reshape(-1).to(dtype).contiguous())
-    builder.table_sources.append(table)
     opcode = "F_GATHER" if dtype.is_floating_point else "I_GATHER"
     assert flat is not None
-    out = builder.emit(opcode, table.dtype, flat, flat, len(builder.tables) - 1)
+    out = builder.emit(opcode, table.dtype, flat, flat, builder.table_number(table))
     builder.flows[out.index] = dtype.is_floating_point and bool(table.requires_grad)
     return out
 

@@ -73,6 +73,7 @@ OPERATIONS: dict[str, Callable[..., Value]] = {
     "TO_INT": lambda a: a.long(),
     "F_WHERE": lambda c, a, b: torch.where(c != 0, a, b),
     "I_WHERE": lambda c, a, b: torch.where(c != 0, a, b),
+    "F_CLAMP": torch.clamp,
 }
 UNARY = {"F_NEG", "I_NEG", "F_ABS", "I_ABS", "F_EXP", "F_LOG", "F_SQRT", "I_NOT", "TO_FLOAT",
          "TO_INT"}  # fmt: skip
@@ -118,7 +119,7 @@ def dense_program_bias(
             source_table = program.table_sources[c].reshape(-1)
             table = source_table.float() if name == "F_GATHER" else source_table.long()
             slots[out] = table[slots[a]]
-        elif name in ("F_WHERE", "I_WHERE"):
+        elif name in ("F_WHERE", "I_WHERE", "F_CLAMP"):
             slots[out] = OPERATIONS[name](slots[a], slots[b], slots[c])
         elif name in UNARY:
             slots[out] = OPERATIONS[name](slots[a])

@@ -28,6 +28,7 @@ enum Opcode : int64_t {
   F_WHERE, I_WHERE,
   WRAP_INDEX,  // a = index, b = size: negative indices count from the end; out of range fails
   F_GATHER, I_GATHER,  // a = flat index, c = table number
+  F_CLAMP,             // clamp(a, min = b, max = c), NaN from any operand
   OPCODE_COUNT
 };
 
@@ -240,26 +241,44 @@ class ProgramRun {
           break;
         case F_DIV:
           if (fa) accumulate(a, count, [&](int64_t j) { return gd[j] / at(y, bv, j); });
-          if (fb) accumulate(b, count, [&](int64_t j) { return -gd[j] * out[j] / at(y, bv, j); });
+          if (fb) accumulate(b, count, [&](int64_t j) { return -gd[j] * (out[j] / at(y, bv, j)); });
           break;
         case F_MIN:
-        case F_MAX: {  // to the operand chosen (the first, on a tie or a NaN)
+        case F_MAX: {  // torch's: half to each on a tie, all to both on a NaN
           const bool lesser = op[0] == F_MIN;
-          auto first = [&](int64_t j) {
+          auto share = [&](int64_t j, bool first) {
             const float u = at(x, av, j), w = at(y, bv, j);
-            return (lesser ? u <= w : u >= w) || u != u;
+            if (u == w) return gd[j] / 2.0f;
+            const bool other_chosen = first == lesser ? u > w : u < w;
+            return other_chosen ? 0.0f : gd[j];
           };
-          if (fa) accumulate(a, count, [&](int64_t j) { return first(j) ? gd[j] : 0.0f; });
-          if (fb) accumulate(b, count, [&](int64_t j) { return first(j) ? 0.0f : gd[j]; });
+          if (fa) accumulate(a, count, [&](int64_t j) { return share(j, true); });
+          if (fb) accumulate(b, count, [&](int64_t j) { return share(j, false); });
+          break;
+        }
+        case F_CLAMP: {  // torch's: x where min <= x <= max, a bound where it is the result
+          const float* z = f(c);
+          if (fa) accumulate(a, count, [&](int64_t j) {
+            const float u = at(x, av, j);
+            return u >= at(y, bv, j) && u <= at(z, cv, j) ? gd[j] : 0.0f;
+          });
+          if (fb) accumulate(b, count, [&](int64_t j) {
+            const float low = at(y, bv, j);
+            return at(x, av, j) < low && low < at(z, cv, j) ? gd[j] : 0.0f;
+          });
+          if (flows[c]) accumulate(c, count, [&](int64_t j) {
+            const float high = at(z, cv, j);
+            return at(x, av, j) > high || high < at(y, bv, j) ? gd[j] : 0.0f;
+          });
           break;
         }
         case F_NEG:
           if (fa) accumulate(a, count, [&](int64_t j) { return -gd[j]; });
           break;
-        case F_ABS:  // torch's sign: 0 at 0
+        case F_ABS:  // torch's: gradient · sign(x), sign 0 at 0 and NaN (inf · 0 is NaN)
           if (fa) accumulate(a, count, [&](int64_t j) {
             const float u = at(x, av, j);
-            return u > 0.0f ? gd[j] : (u < 0.0f ? -gd[j] : 0.0f);
+            return gd[j] * (u > 0.0f ? 1.0f : (u < 0.0f ? -1.0f : 0.0f));
           });
           break;
         case F_EXP:
@@ -269,7 +288,7 @@ class ProgramRun {
           if (fa) accumulate(a, count, [&](int64_t j) { return gd[j] / at(x, av, j); });
           break;
         case F_SQRT:
-          if (fa) accumulate(a, count, [&](int64_t j) { return gd[j] * 0.5f / out[j]; });
+          if (fa) accumulate(a, count, [&](int64_t j) { return gd[j] / (2.0f * out[j]); });
           break;
         case F_WHERE: {
           const int64_t* condition = n(a);
@@ -523,6 +542,17 @@ class ProgramRun {
         case TO_FLOAT: unary(n(a), av, fo, count, [](int64_t x) { return static_cast<float>(x); }); break;
         case TO_INT: unary(f(a), av, io, count, [](float x) { return static_cast<int64_t>(x); }); break;
         case F_WHERE: where(n(a), av, f(b), vector(b), f(c), vector(c), fo, count); break;
+        case F_CLAMP: {  // NaN-propagating maximum, then minimum, as torch.clamp
+          const float *low = f(b), *high = f(c);
+          const bool lv = vector(b), hv = vector(c);
+          const float* x = f(a);
+          for (int64_t j = 0; j < count; ++j) {
+            const float u = x[av ? j : 0], l = low[lv ? j : 0], h = high[hv ? j : 0];
+            const float m = (u > l || u != u) ? u : l;
+            fo[j] = (m < h || m != m) ? m : h;
+          }
+          break;
+        }
         case I_WHERE: where(n(a), av, n(b), vector(b), n(c), vector(c), io, count); break;
         case WRAP_INDEX: {
           const int64_t size = n(b)[0];
