@@ -102,7 +102,7 @@ def test_a_dense_mask_is_recomputed_and_a_window_is_kept():
 
     assert peak(2048) < 2.3 * peak(1024)  # linear (1.9); keeping every mask gave 2.8
     window = playground.build("sliding_window", 64, 8, window=64, block_size=64)
-    scheduler = window._scheduler()
+    scheduler = window._scheduler(window._mods())
     spans = scheduler.key_spans(1, 8, 1024, 1024, False, torch.device("cpu"))
     kept = scheduler.mask_bytes(spans, 1, 8, None, torch.device("cpu"))
     assert kept <= 3 * 1024 * 64 * 4  # no larger than q, k and v: kept, not recomputed
@@ -386,3 +386,30 @@ def test_the_suite_passes_a_score_mod_that_hides_a_whole_row():
     checks = [check_output_shape_and_dtype, check_fast_matches_reference]
     report = check_attention(FirstQueryHidden, checks=checks)
     assert report.ok, report.failures
+
+
+class SoftCapSeesNothing(playground.SoftmaxAttention):
+    """A score_mod that is not additive (tanh), and a mask_mod that hides every key."""
+
+    name, summary, paper = "soft_cap_sees_nothing", "no query sees a key", "test"
+
+    def score_mod(self, score, b, h, q_idx, kv_idx):
+        return 5 * torch.tanh(score / 5)
+
+    def mask_mod(self, b, h, q_idx, kv_idx):
+        return q_idx < -1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("block_size", [4, 64])
+def test_no_key_visible_anywhere_gives_the_references_zero_gradients(dtype, block_size):
+    """Issue 42: on the non-additive path, a call in which no query sees any key built no
+    graph, so torch.autograd.grad(out, x) raised where the reference returns zeros."""
+    module = SoftCapSeesNothing(16, 2, block_size=block_size).to(dtype)
+    x = torch.randn(2, 10, 16, dtype=dtype, requires_grad=True)
+    inputs = (x, *module.parameters())
+    fast = torch.autograd.grad(module(x).output.sum(), inputs)
+    reference = module.forward_reference(x, x, x, None, False, False).output
+    expected = torch.autograd.grad(reference.sum(), inputs)
+    for got, want in zip(fast, expected, strict=True):
+        assert torch.equal(got, want) and not bool(want.any())

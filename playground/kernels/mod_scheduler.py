@@ -371,7 +371,10 @@ class ModScheduler:
         contexts, empties = [], []
         for start, stop, key_start, key_stop in spans:
             if key_stop <= key_start:  # this block sees no key at all
-                contexts.append(q.new_zeros(batch, heads, stop - start, q.shape[-1]))
+                # Attention over no key: zero, yet in q's, k's and v's graph, so that
+                # their gradients are zero (as the reference's), not missing.
+                no_keys = k[:, :, :0]
+                contexts.append(q[:, :, start:stop] @ no_keys.transpose(-2, -1) @ v[:, :, :0])
                 empties.append(torch.ones(batch, stop - start, dtype=torch.bool, device=q.device))
                 continue
             attend = functools.partial(
