@@ -20,8 +20,16 @@ from playground.cli.variants import (
     command_plugins,
 )
 from playground.report.plots import FORMATS
-from playground.run.spec import DTYPES
+from playground.run.spec import DTYPES, SIZE_FLAGS
 from playground.run.store import REJECTED
+
+SIZE_HELP = {
+    "steps": "training steps of every task (and curriculum stage), over the spec's",
+    "seeds": "seeds of every task, over the spec's",
+    "d_model": "model width: the cost cells' and every task's, over the spec's",
+    "num_layers": "layers of every task's model, over the spec's",
+}
+"""Help for the size flags (SIZE_FLAGS): merged into the spec and validated as its keys are."""
 
 
 def _positive_int(text: str) -> int:
@@ -119,8 +127,23 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument(
             "--save-weights",
             action="store_true",
-            help="keep every trained model's weights in the run (for `playground eval`)",
+            help="keep every trained model's weights in the run (for `playground eval` and "
+            "`playground sample`)",
         )
+        sub.add_argument(
+            "--no-baseline",
+            action="store_true",
+            help="with --variants, leave the spec's baseline out (by default it runs beside "
+            "them, for the speed-ups)",
+        )
+        for key, flag in SIZE_FLAGS.items():
+            sub.add_argument(
+                flag,
+                dest=key,
+                type=int,
+                metavar="N",
+                help=SIZE_HELP[key],
+            )
     run.add_argument("--resume", metavar="RUN_DIR", help="run only the cells RUN_DIR lacks")
     run.set_defaults(handler=command_run)
     compare.set_defaults(handler=command_compare)

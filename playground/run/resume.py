@@ -11,7 +11,8 @@ from typing import Any
 
 from playground.registry import Registry, configure
 from playground.run.spec import Spec
-from playground.run.spec_loading import apply_overrides, load_spec
+from playground.run.spec_loading import load_spec
+from playground.run.spec_overrides import apply_overrides, size_overrides
 from playground.run.store import ENV, OVERRIDES, SPEC, RunStore
 
 LANE_SETTINGS = ("accuracy_workers", "executor", "address")
@@ -62,5 +63,6 @@ def resume(
         if reloaded is not None:
             reloaded(registry)
     chosen = {key: (lane or {}).get(key) for key in LANE_SETTINGS}
-    spec = apply_overrides(load_spec(store.path(SPEC), registry), registry, {**overrides, **chosen})
+    spec = load_spec(store.path(SPEC), registry, size_overrides(overrides))
+    spec = apply_overrides(spec, registry, {**overrides, **chosen})
     return Resumed(store, spec, overrides, registry)

@@ -93,9 +93,11 @@ class Problems:
     """Every error found in one spec, so that a spec with several is refused once with all
     of them listed rather than one per attempt."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, note: str = "") -> None:
         self.path = path
         self.messages: list[str] = []
+        self.note = note
+        """Said after the problems: what the command line merged into the spec."""
 
     def add(self, message: str) -> None:
         """A problem, as a message that may start with the spec's path (dropped here)."""
@@ -105,14 +107,25 @@ class Problems:
     def key(self, key: str, message: str) -> None:
         self.add(f"key {key!r}: {message}")
 
+    def unknown(self, where: str, keys: typing.Iterable[str], valid: typing.Iterable[str]) -> bool:
+        """A problem per key of `keys` that is not in `valid`, each with the nearest valid
+        key (a typo: `step` -> did you mean 'steps'?); whether there was one."""
+        valid = list(valid)
+        unknown = [key for key in keys if key not in valid]
+        for key in unknown:
+            self.add(f"{where}.{key}: unknown key" + suggest(key, valid))
+        return bool(unknown)
+
     def raise_if_any(self) -> None:
         """One SpecError naming the file and every problem; nothing when there is none."""
         if len(self.messages) == 1:
-            raise SpecError(f"{self.path}: {self.messages[0]}")
+            note = f" ({self.note})" if self.note else ""
+            raise SpecError(f"{self.path}: {self.messages[0]}{note}")
         if self.messages:
             listed = "\n".join(f"  - {message}" for message in self.messages)
+            note = f"{self.note}; " if self.note else ""
             raise SpecError(
-                f"{self.path}: {len(self.messages)} problems (fix them all, then run "
+                f"{self.path}: {len(self.messages)} problems ({note}fix them all, then run "
                 f"again):\n{listed}"
             )
 
@@ -230,11 +243,71 @@ class Spec:
 STAGE_SETTINGS = ("steps", "batch_size")
 """Keys of a curriculum stage that set its schedule rather than its task's options."""
 
+SIZE_FLAGS = {
+    "steps": "--steps",
+    "seeds": "--seeds",
+    "d_model": "--d-model",
+    "num_layers": "--num-layers",
+}
+"""The run's common sizes the command line may set (overrides.json keeps them), by the
+flag that sets them: merged into the spec's TOML before it is validated (`merge_sizes`)."""
+
 
 def suggest(key: str, valid: typing.Iterable[str]) -> str:
     """The end of an error message: the nearest valid key, else every valid one."""
-    close = difflib.get_close_matches(key, list(valid), n=1)
+    valid = list(valid)
+    close = difflib.get_close_matches(key, valid, n=1)
     return f"; did you mean {close[0]!r}?" if close else f"; valid: {', '.join(valid)}"
+
+
+def unknown_options(unknown: typing.Iterable[str], valid: typing.Iterable[str]) -> str:
+    """`'windw' (did you mean 'window'?), 'x'; valid options: ...`: each unknown option
+    with its nearest valid one where there is one, then every valid one."""
+    valid = list(valid)
+    named = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, valid, n=1)
+        named.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return f"{', '.join(named)}; valid options: {', '.join(valid) or '(none)'}"
+
+
+def merge_sizes(data: dict[str, Any], sizes: dict[str, int]) -> tuple[dict[str, Any], str]:
+    """The spec's TOML `data` with the command line's `sizes` (SIZE_FLAGS) written in, and
+    a note naming them for an error message: `steps`, `seeds` and `num_layers` in every
+    [[tasks]] table (`steps` in each curriculum stage too), `d_model` in every table and,
+    where the spec measures costs, at the top level (the cost cells' width). The merged data is validated as the file's own
+    would be. SpecError when a flag would set nothing (a spec with no tasks)."""
+    given = {key: value for key, value in sizes.items() if value is not None}
+    if not given:
+        return data, ""
+    merged = dict(data)
+    tables = data.get("tasks")
+    untrained = [SIZE_FLAGS[key] for key in given if key != "d_model"]
+    if untrained and not (isinstance(tables, list) and tables):
+        raise SpecError(
+            f"{', '.join(untrained)} set the training of a spec's [[tasks]] tables, and this "
+            f"spec has none (it measures {', '.join(data.get('measures', ['costs']))}); drop "
+            f"{', '.join(untrained)}"
+        )
+    if "d_model" in given and set(data.get("measures", Spec.measures)) - {"accuracy"}:
+        merged["d_model"] = given["d_model"]  # the cost cells' (the tasks get theirs below)
+    if isinstance(tables, list):
+        merged["tasks"] = [
+            _sized_table(table, given) if isinstance(table, dict) else table for table in tables
+        ]
+    note = ", ".join(f"{SIZE_FLAGS[key]} {value}" for key, value in given.items())
+    return merged, f"the command line's {note} merged into the spec"
+
+
+def _sized_table(table: dict[str, Any], sizes: dict[str, int]) -> dict[str, Any]:
+    sized = {**table, **sizes}
+    stages = table.get("curriculum")
+    if "steps" in sizes and isinstance(stages, list):
+        sized["curriculum"] = [
+            {**stage, "steps": sizes["steps"]} if isinstance(stage, dict) else stage
+            for stage in stages
+        ]
+    return sized
 
 
 def is_instance_of(value: Any, expected: Any) -> bool:

@@ -1,10 +1,11 @@
-"""A spec file read into a validated Spec: the TOML parsed, every setting, [[variants]]
-table and option sweep checked (all problems listed in one SpecError), and the command
-line's overrides applied on top (playground.run.spec describes the format)."""
+"""A spec file read into a validated Spec: the TOML parsed (the command line's sizes
+merged in), every setting, [[variants]] table and option sweep checked (all problems
+listed in one SpecError). playground.run.spec describes the format;
+playground.run.spec_overrides applies the command line's other overrides on top."""
 
 from __future__ import annotations
 
-import dataclasses
+import difflib
 import itertools
 import re
 import tomllib
@@ -25,13 +26,16 @@ from playground.run.spec import (
     MEASURES,
     NAME_PATTERN,
     PASSES,
+    TASK_SETTINGS,
     Problems,
     Spec,
     SpecError,
     VariantSetup,
     is_instance_of,
+    merge_sizes,
     suggest,
     type_name,
+    unknown_options,
 )
 from playground.run.spec_tasks import task_run
 
@@ -103,6 +107,12 @@ def expand_variant(
     own config (unknown option, wrong type, invalid value: SpecError naming `where`)."""
     cls = registry.get(name)
     types_by_name = field_types(cls.Config)
+    unknown = [key for key in options if key not in types_by_name]
+    if unknown:
+        raise SpecError(
+            f"{where}: variant {name!r} has no option "
+            f"{unknown_options(unknown, types_by_name)} (see `playground info {name}`)"
+        )
     swept = {
         key: value
         for key, value in options.items()
@@ -123,8 +133,10 @@ def expand_variant(
     return runs
 
 
-def load_spec(path: str | Path, registry: Registry) -> Spec:
+def load_spec(path: str | Path, registry: Registry, sizes: dict[str, int] | None = None) -> Spec:
     """Read and validate a spec file; `path` may also name a bundled spec ("quick").
+    `sizes`: the command line's --steps, --seeds, --d-model, --num-layers (SIZE_FLAGS),
+    merged into the file's settings first (spec.merge_sizes) and validated with them.
 
     Every part is validated even after an error, and one SpecError lists them all."""
     path = resolve_spec_path(path)
@@ -133,8 +145,12 @@ def load_spec(path: str | Path, registry: Registry) -> Spec:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise SpecError(f"{path}: not valid TOML: {error}") from None
+    try:
+        data, note = merge_sizes(data, sizes or {})
+    except SpecError as error:
+        raise SpecError(f"{path}: {error}") from None
 
-    problems = Problems(path)
+    problems = Problems(path, note)
     data = _check_settings(data, problems)  # keys of a wrong type are left out from here
     variants, variants_valid = _variant_setups(data, registry, path, problems)
     if "accuracy" in data.get("measures", []) and not data.get("tasks"):
@@ -150,7 +166,7 @@ def load_spec(path: str | Path, registry: Registry) -> Spec:
         task = task_run(entry, index, registry, path, data.get("seed", Spec.seed), problems, widths)
         if task is not None:
             tasks.append(task)
-    repeated = _repeated(label for task in tasks for label in (*task.stage_labels, task.label))
+    repeated = first_repeated(label for task in tasks for label in (*task.stage_labels, task.label))
     if repeated:
         problems.key(
             "tasks", f"the task {repeated} is listed more than once; remove the repeated table"
@@ -210,7 +226,7 @@ def _check_settings(data: dict[str, Any], problems: Problems) -> dict[str, Any]:
     typed: dict[str, Any] = {}
     for key, value in data.items():
         if key not in _TOP_LEVEL:
-            problems.key(key, "unknown key" + suggest(key, _TOP_LEVEL))
+            problems.key(key, "unknown key" + _suggest_anywhere(key))
         elif not is_instance_of(value, _TOP_LEVEL[key]):
             problems.key(key, f"must be {type_name(_TOP_LEVEL[key])}; got {value!r}")
         else:
@@ -248,7 +264,7 @@ def _check_settings(data: dict[str, Any], problems: Problems) -> dict[str, Any]:
         if not values or any(v < 1 for v in values):
             problems.key(key, f"must be positive; got {typed.pop(key)!r}")
     for key in ("seq_lens", "passes", "measures"):
-        repeated = _repeated(typed.get(key, []))
+        repeated = first_repeated(typed.get(key, []))
         if repeated:
             problems.key(key, f"lists {repeated} more than once; give each once")
     passes, measures = typed.get("passes", Spec.passes), typed.get("measures", Spec.measures)
@@ -279,6 +295,18 @@ def _check_settings(data: dict[str, Any], problems: Problems) -> dict[str, Any]:
     return typed
 
 
+def _suggest_anywhere(key: str) -> str:
+    """The nearest top-level key; else the nearest key of a [[tasks]] or [timing] table,
+    saying where it belongs (a top-level `step = 60` meant a table's `steps`)."""
+    if difflib.get_close_matches(key, list(_TOP_LEVEL), n=1):
+        return suggest(key, _TOP_LEVEL)
+    for table, keys in (("each [[tasks]] table", TASK_SETTINGS), ("[timing]", _TIMING)):
+        close = difflib.get_close_matches(key, list(keys), n=1)
+        if close:
+            return f"; did you mean {close[0]!r}? It is a key of {table}, not of the top level"
+    return suggest(key, _TOP_LEVEL)
+
+
 def _variant_setups(
     data: dict[str, Any], registry: Registry, path: Path, problems: Problems
 ) -> tuple[list[VariantSetup], bool]:
@@ -293,7 +321,7 @@ def _variant_setups(
             valid = False
             continue
         try:
-            _check_variant_name(name, registry, path, f"options.{name}")
+            check_variant_name(name, registry, path, f"options.{name}")
         except SpecError as error:
             problems.add(str(error))
             valid = False
@@ -314,7 +342,7 @@ def _variant_setups(
                     f"one of {', '.join(registry.names()) or '(none registered)'}"
                 )
             name = entry["name"]
-            _check_variant_name(name, registry, path, f"variants[{index}].name")
+            check_variant_name(name, registry, path, f"variants[{index}].name")
             options = {
                 **overrides.get(name, {}),
                 **{k: v for k, v in entry.items() if k != "name"},
@@ -323,7 +351,7 @@ def _variant_setups(
         except SpecError as error:
             problems.add(str(error))
             valid = False
-    repeated = _repeated(variant.label for variant in variants)
+    repeated = first_repeated(variant.label for variant in variants)
     if repeated:
         problems.key(
             "variants",
@@ -345,7 +373,7 @@ def name_problem(name: str) -> str | None:
     )
 
 
-def _repeated(values: typing.Iterable[Any]) -> str | None:
+def first_repeated(values: typing.Iterable[Any]) -> str | None:
     """The first value that occurs twice, as repr; None when all differ."""
     seen: set[Any] = set()
     for value in values:
@@ -355,67 +383,7 @@ def _repeated(values: typing.Iterable[Any]) -> str | None:
     return None
 
 
-def apply_overrides(spec: Spec, registry: Registry, overrides: dict[str, Any]) -> Spec:
-    """The command line's --device, --dtype, --seq-lens, --threads, --accuracy-workers and
-    --variants on top
-    of a loaded spec.
-
-    --variants keeps the spec's sweep of each named variant; a variant the spec does not
-    list runs with its defaults and the spec's [options.NAME] table. A length or variant
-    named twice is an error naming it."""
-    changes: dict[str, Any] = {}
-    if overrides.get("device"):
-        changes["device"] = overrides["device"]
-    if overrides.get("dtype"):
-        changes["dtype"] = overrides["dtype"]
-    if overrides.get("threads"):
-        changes["threads"] = overrides["threads"]
-    if overrides.get("save_weights"):
-        changes["save_weights"] = True
-    for key in ("accuracy_workers", "executor"):
-        if overrides.get(key):
-            changes[key] = overrides[key]
-    if overrides.get("address") is not None:  # "" too: refused below, not dropped
-        problem = address_problem(overrides["address"])
-        if problem:
-            raise SpecError(f"--address: {problem}")
-        changes["address"] = overrides["address"]
-    executor = changes.get("executor", spec.executor)
-    if changes.get("address", spec.address) and executor != "ray":
-        raise SpecError(
-            f"an address is for the ray executor, and this run's executor is {executor!r}; "
-            f"add --executor ray (or drop --address)"
-        )
-    if overrides.get("seq_lens"):
-        repeated = _repeated(overrides["seq_lens"])
-        if repeated:
-            raise SpecError(f"--seq-lens names {repeated} more than once; give each length once")
-        short = [n for n in overrides["seq_lens"] if n < MIN_DECODE_CONTEXT]
-        if DECODE in spec.passes and short:
-            raise SpecError(
-                f"--seq-lens: {short} too short for the spec's 'decode' pass, which needs "
-                f"{MIN_DECODE_CONTEXT} tokens at the least; give longer lengths"
-            )
-        changes["seq_lens"] = tuple(overrides["seq_lens"])
-    if overrides.get("variants"):
-        repeated = _repeated(overrides["variants"])
-        if repeated:
-            raise SpecError(f"--variants names {repeated} more than once; give each name once")
-        chosen: list[VariantSetup] = []
-        for name in overrides["variants"]:
-            _check_variant_name(name, registry, spec.path, "--variants")
-            listed = [v for v in spec.variants if v.name == name]
-            chosen.extend(
-                listed
-                or expand_variant(name, spec.variant_options.get(name, {}), registry, "--variants")
-            )
-        changes["variants"] = tuple(chosen)
-        if spec.baseline not in {variant.label for variant in chosen}:
-            changes["baseline"] = None  # not run: no speed-ups rather than an error
-    return dataclasses.replace(spec, **changes)
-
-
-def _check_variant_name(name: str, registry: Registry, path: Path, key: str) -> None:
+def check_variant_name(name: str, registry: Registry, path: Path, key: str) -> None:
     """UnknownVariant (with suggestions) as a SpecError naming the file and key."""
     try:
         registry.get(name)

@@ -3,7 +3,9 @@ training settings (TASK_SETTINGS) and its curriculum of stages."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,9 @@ from playground.run.spec import (
     is_instance_of,
 )
 from playground.tasks import LanguageTask, Task
+
+TABLE_KEYS = ("name", "variants", "curriculum")
+"""Keys of a [[tasks]] table beside TASK_SETTINGS and the task's own options."""
 
 
 def task_run(
@@ -94,11 +99,20 @@ def task_run(
             f"{where}.variants: must be a non-empty list of variant names or labels, "
             f'e.g. ["my_variant"]'
         )
-    options = {
-        k: v
-        for k, v in entry.items()
-        if k not in ("name", "variants", "curriculum") and k not in TASK_SETTINGS
-    }
+    options_class = typing.cast("type[Task]", task_cls).Options
+    option_names = [field.name for field in dataclasses.fields(options_class)]
+    table_keys = [*TABLE_KEYS, *TASK_SETTINGS, *option_names]
+    problems.unknown(where, entry, table_keys)
+    stage_keys = [*STAGE_SETTINGS, *option_names]
+    stages = entry.get("curriculum")
+    stages_known = not isinstance(stages, list) or not any(  # else curriculum_tasks repeats it
+        [
+            problems.unknown(f"{where}.curriculum[{index}]", stage, stage_keys)
+            for index, stage in enumerate(stages)
+            if isinstance(stage, dict)
+        ]
+    )
+    options = {k: v for k, v in entry.items() if k in option_names}
     try:
         task = task_cls(**options)
     except (PlaygroundError, ValueError, TypeError) as error:
@@ -110,7 +124,7 @@ def task_run(
         problems.add(str(error))
         curriculum = ()
     stage_tasks: list[Task] = []
-    if task is not None:
+    if task is not None and stages_known:
         try:
             *stage_tasks, _ = curriculum_tasks(task_cls, options, curriculum)
         except PlaygroundError as error:

@@ -32,7 +32,8 @@ from playground.run.measure import (
     FLAG_PASS_ORDER,
 )
 from playground.run.runner import Runner
-from playground.run.spec_loading import apply_overrides, load_spec
+from playground.run.spec_loading import load_spec
+from playground.run.spec_overrides import apply_overrides
 from playground.run.store import LOCK, RunLocked, RunStore
 
 TINY = """

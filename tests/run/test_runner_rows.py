@@ -20,7 +20,8 @@ from playground.run.cells import plan
 from playground.run.resume import resume
 from playground.run.runner import Runner
 from playground.run.spec import SpecError
-from playground.run.spec_loading import apply_overrides, load_spec
+from playground.run.spec_loading import load_spec
+from playground.run.spec_overrides import apply_overrides
 from playground.run.store import RunStore
 
 # Each variant breaks the contract in one way, only when asked to (so the contract suite,

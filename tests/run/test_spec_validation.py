@@ -12,7 +12,8 @@ import pytest
 from playground.cli import main
 from playground.registry import Registry
 from playground.run.spec import SpecError
-from playground.run.spec_loading import apply_overrides, load_spec
+from playground.run.spec_loading import load_spec
+from playground.run.spec_overrides import apply_overrides
 
 TINY = """
 name = "tiny"
