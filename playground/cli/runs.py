@@ -23,7 +23,9 @@ from playground.run.measurer import check_device
 from playground.run.reevaluate import evaluate_again
 from playground.run.resume import LANE_SETTINGS, resume
 from playground.run.runner import Runner
-from playground.run.spec_loading import apply_overrides, load_spec
+from playground.run.spec import SIZE_FLAGS
+from playground.run.spec_loading import load_spec
+from playground.run.spec_overrides import added_baseline, apply_overrides, size_overrides
 from playground.run.store import REJECTED, ROWS, RunStore, unwritable
 
 
@@ -111,63 +113,73 @@ def _overrides(arguments: argparse.Namespace) -> dict:
         "seq_lens": seq_lens,
         "save_weights": bool(getattr(arguments, "save_weights", False)),
         "variants": variants.split(",") if variants else None,
+        "with_baseline": not getattr(arguments, "no_baseline", False),
+        **{key: getattr(arguments, key, None) for key in SIZE_FLAGS},
         # absolute, so a resume from another working directory finds the same plugins
         "plugins_dirs": [str(Path(directory).resolve()) for directory in plugins_dirs],
     }
 
 
 def command_run(registry: Registry, arguments: argparse.Namespace) -> int:
-    if arguments.resume:
-        given = [
-            flag
-            for flag, value in (
-                ("SPEC", arguments.spec),
-                ("--device", arguments.device),
-                ("--dtype", arguments.dtype),
-                ("--variants", arguments.variants),
-                ("--seq-lens", arguments.seq_lens),
-                ("--threads", arguments.threads),
-                ("--save-weights", arguments.save_weights),
-            )
-            if value
-        ]
-        if given:
-            raise PlaygroundError(
-                f"--resume runs the cells its run lacks with the spec and options it started "
-                f"with; drop {', '.join(given)} (or start a new run without --resume)"
-            )
-        resumed = resume(
-            arguments.resume,
-            registry,
-            getattr(arguments, "plugins_dir", None) or [],
-            lane={key: getattr(arguments, key) for key in LANE_SETTINGS},
-            reloaded=lambda loaded: warn_failed_plugins(
-                loaded, getattr(arguments, "warned_plugins", None)
-            ),
-        )
-        registry, store, spec = resumed.registry, resumed.store, resumed.spec
-        overrides = resumed.overrides
-        executor = executor_for(spec)
-    else:
+    if not arguments.resume:
         if not arguments.spec:
             raise PlaygroundError(
                 "give a spec file (or a shipped spec name such as quick), or --resume RUN_DIR"
             )
-        overrides = _overrides(arguments)
-        spec = apply_overrides(load_spec(arguments.spec, registry), registry, overrides)
-        check_device(spec.device)
-        executor = executor_for(spec)
-        store = RunStore.create(arguments.out, spec.name)
+        return _start(registry, arguments, arguments.spec)
+    given = [
+        flag
+        for flag, value in (
+            ("SPEC", arguments.spec),
+            ("--device", arguments.device),
+            ("--dtype", arguments.dtype),
+            ("--variants", arguments.variants),
+            ("--seq-lens", arguments.seq_lens),
+            ("--threads", arguments.threads),
+            ("--save-weights", arguments.save_weights),
+            ("--no-baseline", arguments.no_baseline),
+            *((flag, getattr(arguments, key)) for key, flag in SIZE_FLAGS.items()),
+        )
+        if value is not None and value is not False
+    ]
+    if given:
+        raise PlaygroundError(
+            f"--resume runs the cells its run lacks with the spec and options it started "
+            f"with; drop {', '.join(given)} (or start a new run without --resume)"
+        )
+    resumed = resume(
+        arguments.resume,
+        registry,
+        getattr(arguments, "plugins_dir", None) or [],
+        lane={key: getattr(arguments, key) for key in LANE_SETTINGS},
+        reloaded=lambda loaded: warn_failed_plugins(
+            loaded, getattr(arguments, "warned_plugins", None)
+        ),
+    )
+    registry, store, spec = resumed.registry, resumed.store, resumed.spec
+    return _execute(registry, store, spec, resumed.overrides, executor_for(spec))
+
+
+def _start(registry: Registry, arguments: argparse.Namespace, spec_path: str) -> int:
+    """A new run of `spec_path` with the command line's overrides."""
+    overrides = _overrides(arguments)
+    spec = load_spec(spec_path, registry, size_overrides(overrides))
+    spec = apply_overrides(spec, registry, overrides)
+    check_device(spec.device)
+    executor = executor_for(spec)
+    store = RunStore.create(arguments.out, spec.name)
+    baseline = added_baseline(spec, overrides)
+    if baseline:
+        console.print(
+            f"also running the spec's baseline {escape(baseline)} beside --variants, so that "
+            f"speed-ups have a reference (--no-baseline leaves it out)",
+            soft_wrap=True,
+        )
     return _execute(registry, store, spec, overrides, executor)
 
 
 def command_compare(registry: Registry, arguments: argparse.Namespace) -> int:
-    overrides = _overrides(arguments)
-    spec = apply_overrides(load_spec("quick", registry), registry, overrides)
-    check_device(spec.device)
-    executor = executor_for(spec)
-    store = RunStore.create(arguments.out, spec.name)
-    return _execute(registry, store, spec, overrides, executor)
+    return _start(registry, arguments, "quick")
 
 
 def _plot_and_report(
