@@ -569,6 +569,12 @@ class AttentionVariant(nn.Module):
         adds none (the default)."""
         return None
 
+    def learned_summary(self) -> dict[str, float | list[float]]:
+        """This instance's learned scalars after training, named as its paper names them
+        (a λ, a slope per head, a prior's widths), for the report: {name: a number, or a
+        list of numbers (one per head, say)}. The default: none."""
+        return {}
+
     def reference_parameters(self) -> dict[str, str]:
         """Parameters of this variant that start from a parameter of exact attention of
         another name, {own name: exact attention's name}, so that fidelity compares like
@@ -790,3 +796,46 @@ def checked_pattern_weights(
             f"{n_q}, M), a label of the M columns)",
         )
     return value
+
+
+def checked_learned_summary(module: AttentionVariant) -> dict[str, float | list[float]]:
+    """`module.learned_summary()`, refused unless {one-line name: a finite number or a
+    list of finite numbers} (a 0-d or 1-d tensor is read as one)."""
+    summary = call_hook(module, "learned_summary")
+    expected = (
+        "it must return a dict of one-line names to a finite number or a list of finite "
+        "numbers, like {'slope': [0.5, 0.25]} (flatten a matrix)"
+    )
+    if not isinstance(summary, Mapping):
+        raise _hook_error(module, "learned_summary()", f"returned {summary!r}; {expected}")
+    checked = {}
+    for name, value in summary.items():
+        read = _learned_numbers(value)
+        if not isinstance(name, str) or not name.strip() or "\n" in name or read is None:
+            raise _hook_error(
+                module, "learned_summary()", f"returned {name!r}: {value!r}; {expected}"
+            )
+        checked[name] = read
+    return checked
+
+
+def _learned_numbers(value: Any) -> float | list[float] | None:
+    """A finite number, or a list of them, read from a number, a sequence or a tensor;
+    None for anything else (a nested list, NaN, a string)."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().tolist()  # 0-d: a number; 1-d: a list
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, list | tuple):
+        items = [_learned_numbers(item) for item in value]
+        numbers_only = [item for item in items if isinstance(item, float)]
+        return numbers_only if len(numbers_only) == len(items) else None
+    return None
+
+
+def learned_summaries(model: nn.Module) -> dict[str, dict[str, float | list[float]]]:
+    """{"layer 1": learned_summary(), ...}: every attention layer of `model` in order,
+    those that learned nothing left out."""
+    layers = [module for module in model.modules() if isinstance(module, AttentionVariant)]
+    found = {f"layer {i}": checked_learned_summary(layer) for i, layer in enumerate(layers, 1)}
+    return {layer: summary for layer, summary in found.items() if summary}

@@ -51,6 +51,10 @@ class AlibiAttention(playground.SoftmaxAttention):
     def score_mod(self, score, b, h, q_idx, kv_idx):
         return score - self.slopes[h] * (q_idx - kv_idx).abs()
 
+    def learned_summary(self):
+        """The trained slopes m_h (when `learnable_slopes`; fixed ones are not learned)."""
+        return {"slope m_h per head": self.slopes} if self.config.learnable_slopes else {}
+
 
 @playground.hookimpl
 def register_attention(register):

@@ -105,6 +105,10 @@ class DifferentialAttention(AttentionVariant):
         second = torch.exp((self.lambda_q2.float() * self.lambda_k2.float()).sum())
         return first - second + self.lambda_init
 
+    def learned_summary(self):
+        """λ of eq. 2 after training, beside the λ_init it started from (eq. 3)."""
+        return {"λ (eq. 2)": self.differential_lambda(), "λ_init (eq. 3)": self.lambda_init}
+
     def _halves(self, query, key, value):
         """q and k (B, H, N, 2, d): the two halves of each head; v (B, H, Nk, 2d)."""
         q, k, v = project_heads(self, query, key, value)

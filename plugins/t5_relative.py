@@ -193,6 +193,12 @@ class T5RelativeAttention(AttentionVariant):
         self.share_relative_bias_with(first)
         return ("relative_bias",)
 
+    def learned_summary(self):
+        """How far each head's learned bias spans across the buckets (max − min): 0 for a
+        head that ignores position, large for one that prefers some distances."""
+        table = self.relative_attention_bias.weight  # (num_buckets, H)
+        return {"bias range over buckets, per head": table.amax(0) - table.amin(0)}
+
     def logit_bias(
         self,
         query_length: int,

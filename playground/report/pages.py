@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from playground.report.language import Continuation, continuations
+from playground.report.learned import LEARNED_COLUMNS, LEARNED_TITLE, learned_entries
 from playground.report.plots.data import OK, RunData, load_run
 from playground.report.summary import Line, ceilings_from_env, summarize
 from playground.report.tables import (
@@ -61,6 +62,10 @@ figure img { max-width: 100%; border: 1px solid #eee; }
 pre { background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 0.85em; }
 pre .prompt { color: #888; }
 """
+LEARNED_NOTE = (
+    "Each variant's learned_summary hook names what it learned (a value per head is a list, "
+    "head 0 first); layers that hold the same values in every seed share them."
+)
 CONTINUATIONS = "Continuations"
 CONTINUATIONS_NOTE = (
     "Each setup's greedy continuation of the task's prompt, by its first seed's model at the "
@@ -256,6 +261,9 @@ def _sections(run: RunData) -> list[tuple[str, Table, str | None]]:
         sections.append(("Accuracy (mean [95% interval over seeds])", accuracy, None))
     if run.language:
         sections.append((LANGUAGE_TITLE, language_table(run.language), None))
+    learned = learned_entries([*run.accuracy, *run.language])
+    if learned:
+        sections.append((LEARNED_TITLE, (list(LEARNED_COLUMNS), learned), LEARNED_NOTE))
     if run.failed:
         sections.append(("Failed cells", failure_table(run.failed), None))
     load_errors = load_error_table(run.env)

@@ -14,7 +14,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from playground.report.language import language_rows, setup_name
+from playground.report.language import is_accuracy_row, is_language_row, language_rows, setup_name
+from playground.report.learned import LEARNED_COLUMNS, LEARNED_TITLE, learned_entries
 from playground.report.summary import (
     DOUBTFUL,
     DOUBTFUL_NOTE,
@@ -53,6 +54,21 @@ def print_accuracy(rows: list[dict[str, Any]], console: Console) -> None:
             _format(row["train_time_s"], ".1f"),
             row["status"] if ok else f"[red]{row['status']}[/red]: {escape(str(row['error']))}",
         )
+    console.print(table)
+    print_learned([row for row in rows if is_accuracy_row(row)], console)
+
+
+def print_learned(rows: list[dict[str, Any]], console: Console) -> None:
+    """What the rows' trained attention layers learned (`learned_entries`), under the
+    table of their scores; nothing when no layer learned anything."""
+    entries = learned_entries(rows)
+    if not entries:
+        return
+    table = compact_table(LEARNED_TITLE)
+    for column in LEARNED_COLUMNS:
+        table.add_column(column, justify="right" if column == "mean over seeds" else "left")
+    for entry in entries:
+        table.add_row(*map(escape, entry))
     console.print(table)
 
 
@@ -121,6 +137,7 @@ def print_language(rows: list[dict[str, Any]], console: Console) -> None:
         shown = status if status == OK else f"[red]{escape(status)}[/red]"
         table.add_row(*map(escape, values), shown)
     console.print(table)
+    print_learned([row for row in rows if is_language_row(row)], console)
 
 
 def node_facts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from rich.progress import Progress
 
+from playground.contract import learned_summaries
 from playground.errors import ConfigError, UnsupportedFeature
 from playground.model.training import TrainConfig, evaluate, majority_rate, train
 from playground.model.transformer import (
@@ -264,6 +265,8 @@ class SeedResult:
     """A language task's bits per byte at each length (accuracy is then None)."""
     weights: dict[str, torch.Tensor] | None = None
     """The trained model's state dict, on the CPU, when the job keeps weights."""
+    learned: dict[str, dict[str, float | list[float]]] = dataclasses.field(default_factory=dict)
+    """Each attention layer's `learned_summary()` after training (layers with none left out)."""
 
 
 def train_seed(
@@ -304,6 +307,7 @@ def train_seed(
         final_train_loss=statistics.fmean(result.losses[-20:]),
         model=describe(model),
         weights=weights,
+        learned=learned_summaries(model),
     )
     task = prepared.task
     if isinstance(task, LanguageTask):
@@ -346,6 +350,8 @@ def row_fields(
         "steps": prepared.training.steps,
         "batch_size": prepared.training.batch_size,
     }
+    if any(result.learned for result in results):  # per seed, in the order of "seeds"
+        common["learned_per_seed"] = [result.learned for result in results]
 
     def identity(task: Task) -> dict[str, Any]:
         """Which task the row scores, labelled with the model settings it trained with."""
