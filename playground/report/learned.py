@@ -4,9 +4,9 @@ language row as "learned_per_seed" (one {layer: {parameter: value}} per seed, in
 order of the row's "seeds"). `learned_entries` are the table's text, shared by the
 terminal (`report.tables`) and report.html / report.md (`report.pages`).
 
-One entry per (setup, task, layer, parameter): the mean over seeds (element by element for
-a list) and each seed's value. Layers that hold the same values in every seed (a table
-shared across the stack) are one entry.
+One entry per (setup label, task, layer, parameter): the mean over seeds (element by
+element for a list) and each seed's value. Layers that hold equal values in every seed (a
+table shared across the stack) are one entry.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import math
 import statistics
 from collections.abc import Iterable
 from typing import Any
-
-from playground.report.language import setup_name
 
 LEARNED_TITLE = "Learned parameters after training (each layer's learned_summary)"
 LEARNED_COLUMNS = ("setup", "task", "layer", "parameter", "mean over seeds", "per seed")
@@ -67,9 +65,9 @@ def _parameters(per_seed: list[Any]) -> dict[str, dict[str, list[Value]]]:
 
 def _layer_entries(parameter: str, layers: dict[str, list[Value]]) -> list[list[str]]:
     """(layer, parameter, mean, per seed) entries of one parameter: one for all layers
-    when they agree in every seed (a shared table), else one per layer."""
+    when they agree in every seed (a table shared across the stack), else one per layer."""
     if len(layers) > 1 and all(values == next(iter(layers.values())) for values in layers.values()):
-        layers = {f"all {len(layers)} (shared)": next(iter(layers.values()))}
+        layers = {f"all {len(layers)} (equal)": next(iter(layers.values()))}
     entries = []
     for layer, values in layers.items():
         mean = _mean(values)
@@ -90,7 +88,7 @@ def learned_entries(rows: Iterable[dict[str, Any]]) -> list[list[str]]:
     entries: dict[tuple[str, str], list[list[str]]] = {}
     for row in rows:
         per_seed = row.get("learned_per_seed")
-        key = (setup_name(row), str(row.get("task_label") or row.get("task")))
+        key = (str(row.get("label")), str(row.get("task_label") or row.get("task")))
         if key in entries or not isinstance(per_seed, list):
             continue
         entries[key] = [

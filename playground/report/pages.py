@@ -64,7 +64,8 @@ pre .prompt { color: #888; }
 """
 LEARNED_NOTE = (
     "Each variant's learned_summary hook names what it learned (a value per head is a list, "
-    "head 0 first); layers that hold the same values in every seed share them."
+    "head 0 first); layers that hold equal values in every seed (a table shared across the "
+    "stack) are one entry."
 )
 CONTINUATIONS = "Continuations"
 CONTINUATIONS_NOTE = (

@@ -66,7 +66,11 @@ def print_learned(rows: list[dict[str, Any]], console: Console) -> None:
         return
     table = compact_table(LEARNED_TITLE)
     for column in LEARNED_COLUMNS:
-        table.add_column(column, justify="right" if column == "mean over seeds" else "left")
+        table.add_column(
+            column,
+            justify="right" if column == "mean over seeds" else "left",
+            overflow="fold",  # a setup's label is one word: fold it, never cut it
+        )
     for entry in entries:
         table.add_row(*map(escape, entry))
     console.print(table)
