@@ -180,6 +180,8 @@ def attention_pattern_figure(
             except ValueError as error:
                 notes.append(f"{name}: own random weights ({error})")
             weights, columns = _weights(module, tokens)
+            if weights is not None:
+                seen, mask_source = _allowed(module, tokens, weights)
         except Exception as error:  # one variant's failure must not lose the others
             _message(top, f"{name}\ncould not be drawn:\n{type(error).__name__}: {error}"[:300])
             bottom.set_visible(False)
@@ -190,7 +192,6 @@ def attention_pattern_figure(
             bottom.set_visible(False)
             continue
         values = weights.numpy()
-        seen, mask_source = _allowed(module, tokens, weights)
         if values.min() < 0:  # signed weights (differential attention): diverging, at 0
             limit = float(np.abs(values).max())
             colours, norm = SIGNED_COLOURS, Normalize(vmin=-limit, vmax=limit)
