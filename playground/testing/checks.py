@@ -35,6 +35,7 @@ from playground.testing.corners import (
     where,
 )
 from playground.testing.decoding import DECODING_CHECKS
+from playground.testing.low_precision import LOW_PRECISION_CHECKS
 from playground.testing.properties import check_property_search
 from playground.testing.subject import LONG_LENGTH, MODES, Subject, describe
 
@@ -643,6 +644,7 @@ CHECKS: tuple[Callable[[Subject], None], ...] = (
     check_float64,
     check_bfloat16,
     check_float16,
+    *LOW_PRECISION_CHECKS,
     check_large_magnitude_inputs,
     check_undeclared_features_raise,
     check_rejects_malformed_inputs,
@@ -651,7 +653,7 @@ CHECKS: tuple[Callable[[Subject], None], ...] = (
 )
 """Every check, in the order they run."""
 
-IMPL_INDEPENDENT = {check_fast_matches_reference}
+IMPL_INDEPENDENT = {check_fast_matches_reference, *LOW_PRECISION_CHECKS}
 """Checks that compare the two paths themselves, so they run once per variant."""
 
 __all__ = ["CHECKS", "IMPL_INDEPENDENT", "CheckFailed", "CheckSkipped", "Subject"]

@@ -9,14 +9,25 @@ import torch
 
 import playground
 from playground.decoding import RecomputeState
-from playground.testing import CHECKS, check_attention, iter_cases, parametrize_with_checks
+from playground.testing import (
+    CHECKS,
+    CheckFailed,
+    check_attention,
+    iter_cases,
+    parametrize_with_checks,
+)
 from playground.testing.checks import (
+    check_bfloat16,
     check_eval_mode_is_deterministic,
+    check_fast_matches_reference,
+    check_float16,
+    check_float64,
     check_gradients_reach_every_parameter,
     check_key_value_default_to_query,
     check_rejects_malformed_inputs,
 )
 from playground.testing.decoding import DECODING_CHECKS
+from playground.testing.low_precision import LOW_PRECISION_CHECKS
 from tests import broken_variants
 
 SPECIFICITY_CHECKS = (
@@ -76,6 +87,8 @@ def test_contract(case):
         (broken_variants.UndeclaredTrainingNoise, "check_training_randomness_is_declared"),
         (broken_variants.FalselyRandom, "check_training_randomness_is_declared"),
         (broken_variants.NegativeWeightsDeclaredNonnegative, "check_weights_sum_to_one"),
+        (broken_variants.SumsSoftmaxInInputDtype, "check_bfloat16_error_within_naive"),
+        (broken_variants.SumsSoftmaxInInputDtype, "check_float16_error_within_naive"),
     ],
     ids=lambda value: value if isinstance(value, str) else value.__name__,
 )
@@ -88,6 +101,52 @@ def test_suite_catches_broken_variant(broken, caught_by):
         c for c in SPECIFICITY_CHECKS if c is not check and c not in ALSO_BREAKS.get(broken, ())
     ]
     assert check_attention(broken, checks=kept).ok, check_attention(broken, checks=kept).failures
+
+
+def test_only_the_low_precision_checks_see_a_softmax_summed_in_bfloat16():
+    """The break stays within every other dtype check's tolerance (agreement with float32
+    in bfloat16 and float16, fast against reference in float32 and float64): the error
+    bound relative to the naive path is what catches it, in both dtypes, naming the
+    quantity and both errors."""
+    broken = broken_variants.SumsSoftmaxInInputDtype
+    others = [check_bfloat16, check_float16, check_fast_matches_reference, check_float64]
+    assert check_attention(broken, checks=others).ok
+    report = check_attention(broken, checks=list(LOW_PRECISION_CHECKS))
+    assert [r.verdict for r in report.results] == ["failed", "failed"], report.results
+    for result, dtype in zip(report.results, ("torch.bfloat16", "torch.float16"), strict=True):
+        assert result.reason.startswith(f"in {dtype}, the fast path's error in the gradient")
+        assert "above 2 × the reference path's own largest error" in result.reason
+
+
+def test_the_low_precision_checks_skip_by_declaration_with_a_reason():
+    report = check_attention("rope", checks=list(LOW_PRECISION_CHECKS))  # no float16
+    assert report.verdict_of("check_bfloat16_error_within_naive") == "passed"
+    assert report.verdict_of("check_float16_error_within_naive") == "skipped"
+    assert report.results[1].reason == "torch.float16 not declared"
+    report = check_attention(
+        broken_variants.NegativeWeightsDeclaredNonnegative, checks=list(LOW_PRECISION_CHECKS)
+    )  # no fast path
+    assert {r.verdict for r in report.results} == {"skipped"}
+    assert all(r.reason.startswith("no fast path") for r in report.results)
+
+
+def test_the_low_precision_bound_is_twice_the_naive_error_plus_one_rounding():
+    from playground.testing.low_precision import _assert_error_within_naive, _LargestErrors
+
+    rounding = 2.0**-8  # bfloat16's unit roundoff
+    within = _LargestErrors(fast=2 * 0.01 + 3 * rounding, naive=0.01, magnitude=3.0)
+    _assert_error_within_naive({"output": within}, torch.bfloat16, torch.float64)
+    small = _LargestErrors(fast=rounding, naive=0.0, magnitude=0.2)  # the slack's floor is 1
+    _assert_error_within_naive({"output": small}, torch.bfloat16, torch.float64)
+    # Zero in exact arithmetic: rounding noise only, not compared.
+    noise = _LargestErrors(fast=0.01, naive=0.001, magnitude=1e-16)
+    _assert_error_within_naive({"noise": noise}, torch.bfloat16, torch.float64)
+    for beyond in (
+        _LargestErrors(fast=2 * 0.01 + 3 * rounding + 1e-3, naive=0.01, magnitude=3.0),
+        _LargestErrors(fast=float("nan"), naive=0.01, magnitude=3.0),
+    ):
+        with pytest.raises(CheckFailed, match="error in output reaches"):
+            _assert_error_within_naive({"output": beyond}, torch.bfloat16, torch.float64)
 
 
 def test_vanilla_passes_with_no_failures_and_reports_reasons_for_skips():
