@@ -12,7 +12,9 @@ The choice is made once per process, from the CPU vendor (not by timing, so that
 numbers do not depend on a noisy race), and can be forced with PLAYGROUND_LINEAR=onednn
 or PLAYGROUND_LINEAR=blas. The two libraries round differently (sums in another order),
 so a run's numbers are reproducible with the same backend; `backend()` says which is in
-use and `env.json` records it.
+use and `env.json` records it. The GEMM ceiling every efficiency is measured against
+(`playground.run.measure.gemm_flops_per_second`) is the faster of the two libraries, and
+`env.json` records both rates.
 
 `use_fast_linears(module)` turns every plain `nn.Linear` of a module into a `FastLinear`
 (same parameters, same state_dict, still an `nn.Linear`): the classifier model does this
@@ -79,10 +81,19 @@ def set_backend(name: Backend | None) -> None:
     _backend = name
 
 
-def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x (M, in) @ weightᵀ (+ bias) -> (M, out). x and weight may have any strides (oneDNN
-    reads them, copying where it must); bias must be contiguous (its strides are ignored)."""
+def onednn_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x (M, in) @ weightᵀ (+ bias) -> (M, out) on oneDNN. x and weight may have any
+    strides (oneDNN reads them, copying where it must); bias must be contiguous (its
+    strides are ignored). The GEMM ceiling (`playground.run.measure`) times it too."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def onednn_computes(device: torch.device | str, dtype: torch.dtype) -> bool:
+    """Whether `FastLinear` can put products of this device and dtype on oneDNN (float32
+    CPU tensors, in a torch that has its linear), whichever backend is chosen."""
+    return torch.device(device).type == "cpu" and dtype == torch.float32 and _onednn_op_available()
 
 
 class _OneDNNLinear(torch.autograd.Function):
@@ -101,7 +112,7 @@ class _OneDNNLinear(torch.autograd.Function):
         )
         ctx.input_shape, ctx.out_features = x.shape, weight.shape[0]
         ctx.has_bias = bias is not None
-        return _onednn(rows, weight, bias).reshape(*x.shape[:-1], weight.shape[0])
+        return onednn_linear(rows, weight, bias).reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -110,12 +121,12 @@ class _OneDNNLinear(torch.autograd.Function):
         differentiable = torch.is_grad_enabled()  # create_graph=True
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
-            product = grad_rows @ weight if differentiable else _onednn(grad_rows, weight.t(), None)
+            product = grad_rows @ weight if differentiable else onednn_linear(grad_rows, weight.t())
             grad_x = product.reshape(ctx.input_shape)
         if ctx.needs_input_grad[1]:
             # oneDNN reads the transposes through copies, and is still the faster here.
             grad_weight = (
-                grad_rows.t() @ rows if differentiable else _onednn(grad_rows.t(), rows.t(), None)
+                grad_rows.t() @ rows if differentiable else onednn_linear(grad_rows.t(), rows.t())
             )  # (out, in)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad_rows.sum(dim=0)

@@ -15,6 +15,8 @@ here; none is typed in.
   The Timer runs on one thread unless told otherwise, so every timing here names its
   thread count (default: the process's own, `torch.get_num_threads()`) and records it in
   `Timing.threads`.
+- GEMM ceiling (`gemm_flops_per_second`): the faster of torch's matmul and oneDNN's
+  product on a large square matrix, as a `GemmRate` that keeps both rates (`gemm_fields` is how env.json and rows record them).
 - Quality flags (`cost_flags`): short fixed phrases a row and the summary carry when a
   number should not be read as exact: too few runs, a large spread, an efficiency above
   1, a non-finite `flops()`, a busy machine (`load_average`).
@@ -41,10 +43,12 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Any
 
 import torch
 from torch.utils import benchmark
+
+from playground.model import linear_layers
 
 MIN_TIMED_RUNS = 3
 """Timed runs per cell at the least: enough for a median and a quartile spread."""
@@ -211,26 +215,94 @@ def peak_memory_bytes(fn: Callable[[], object], device: torch.device | str = "cp
     return peak
 
 
+class GemmRate(float):
+    """A GEMM ceiling in FLOP/s: the faster of torch's matmul and oneDNN's product (a
+    float, which every efficiency divides by), with each library's own rate.
+
+    The faster, because a ceiling below what the machine does is a wrong reference: MKL
+    picks its kernels by CPU vendor and runs AVX2 code on AMD CPUs even where they have
+    full-width AVX-512 (about half of what oneDNN reaches there), while the playground's
+    native kernels are built for the CPU's full vector width and would show an
+    efficiency above 1 against torch's matmul alone."""
+
+    matmul_flops_per_s: float
+    onednn_flops_per_s: float | None
+    """None where oneDNN was not measured: another device or dtype, or no oneDNN."""
+
+    def __new__(cls, matmul_flops_per_s: float, onednn_flops_per_s: float | None = None):
+        rate = super().__new__(cls, max(matmul_flops_per_s, onednn_flops_per_s or 0.0))
+        rate.matmul_flops_per_s = matmul_flops_per_s
+        rate.onednn_flops_per_s = onednn_flops_per_s
+        return rate
+
+    def __reduce__(self):  # pickled (Ray) with both rates, not as a bare float
+        return GemmRate, (self.matmul_flops_per_s, self.onednn_flops_per_s)
+
+    @property
+    def library(self) -> str:
+        """Which product the ceiling is: "onednn" when it was the faster, else "matmul"."""
+        onednn = self.onednn_flops_per_s
+        return "onednn" if onednn is not None and onednn > self.matmul_flops_per_s else "matmul"
+
+
+def gemm_fields(rate: float | None, prefix: str = "gemm_") -> dict[str, float | str | None]:
+    """How env.json and each row record a GEMM ceiling: `{prefix}flops_per_s`, the one
+    efficiency is against (the faster library's), then `{prefix}matmul_flops_per_s` and
+    `{prefix}onednn_flops_per_s`, each library's own rate, and `{prefix}library`, which was
+    the faster. A plain number (a ceiling from elsewhere) records the first alone, the
+    others None."""
+    measured = rate if isinstance(rate, GemmRate) else None
+    return {
+        f"{prefix}flops_per_s": None if rate is None else float(rate),
+        f"{prefix}matmul_flops_per_s": None if measured is None else measured.matmul_flops_per_s,
+        f"{prefix}onednn_flops_per_s": None if measured is None else measured.onednn_flops_per_s,
+        f"{prefix}library": None if measured is None else measured.library,
+    }
+
+
+def gemm_rate_of(record: dict[str, Any], prefix: str = "gemm_") -> float | None:
+    """The ceiling `gemm_fields` recorded, with its two rates when the record has them (a
+    run from before they were recorded gives its plain number); None when it has none."""
+    flops = record.get(f"{prefix}flops_per_s")
+    matmul = record.get(f"{prefix}matmul_flops_per_s")
+    if flops is None or matmul is None:
+        return flops
+    return GemmRate(matmul, record.get(f"{prefix}onednn_flops_per_s"))
+
+
+def _fastest_block_s(product: Callable[[], object], min_run_time: float, threads: int) -> float:
+    """Seconds per call of `product()`: the fastest block of `blocked_autorange` (whose
+    first, untimed call sizes the blocks and warms the library up)."""
+    timer = benchmark.Timer(stmt="product()", globals={"product": product}, num_threads=threads)
+    return min(timer.blocked_autorange(min_run_time=min_run_time).times)
+
+
 def gemm_flops_per_second(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     size: int = 2048,
     min_run_time: float = 0.5,
     threads: int | None = None,
-) -> float:
-    """Throughput of a large square matmul on `threads` torch threads (default:
-    torch.get_num_threads()): the practical ceiling for efficiency.
+) -> GemmRate:
+    """Throughput of a large square matrix product on `threads` torch threads (default:
+    torch.get_num_threads()): the practical ceiling for efficiency. The faster of torch's
+    matmul and, for float32 on a CPU, oneDNN's linear (`GemmRate` says why), each timed
+    for `min_run_time`; both rates are kept.
 
     From the fastest of the timed blocks, not their median: a machine shared with other
     work only ever slows a matmul down, and a ceiling measured during a busy moment
     would make every efficiency against it too high (above 1, even)."""
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
+    products: dict[str, Callable[[], object]] = {"matmul": lambda: a @ b}
+    if linear_layers.onednn_computes(device, dtype):
+        # a @ bᵀ: the same 2·size³ FLOPs, as FastLinear runs it.
+        products["onednn"] = lambda: linear_layers.onednn_linear(a, b)
     with using_threads(threads) as count:
-        a @ b
-        timer = benchmark.Timer(stmt="a @ b", globals={"a": a, "b": b}, num_threads=count)
-        measurement = timer.blocked_autorange(min_run_time=min_run_time)
-    return 2 * size**3 / min(measurement.times)
+        seconds = {name: _fastest_block_s(p, min_run_time, count) for name, p in products.items()}
+    flops = 2 * size**3
+    onednn = flops / seconds["onednn"] if "onednn" in seconds else None
+    return GemmRate(flops / seconds["matmul"], onednn)
 
 
 @dataclass(frozen=True)
@@ -307,8 +379,8 @@ FLAG_WEIGHTS_DOMINATE = "weights > state"
 FLAG_MEANINGS = {
     FLAG_FEW_RUNS: f"fewer than {MIN_SPREAD_RUNS} timed runs, so no spread (IQR shown as -)",
     FLAG_LARGE_SPREAD: f"the IQR is above {LARGE_SPREAD:.0%} of the median time",
-    FLAG_EFFICIENCY_ABOVE_1: "faster than the measured matmul ceiling (a decode step: than "
-    "reading its state once at the measured bandwidth): the ceiling or the time was measured "
+    FLAG_EFFICIENCY_ABOVE_1: "faster than the measured matmul ceiling (torch's or oneDNN's, "
+    "whichever was faster; a decode step: than reading its state once at the measured bandwidth): the ceiling or the time was measured "
     "in an odd moment, flops() overcounts, or the step does not read its whole state",
     FLAG_FLOPS_NOT_FINITE: "the variant's flops() overflowed (inf) or is NaN: no efficiency",
     FLAG_BUSY: "the 1-minute load average was above the core count: other work competed",

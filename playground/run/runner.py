@@ -31,7 +31,14 @@ from playground.run.decode import memory_bandwidth
 from playground.run.environment import environment
 from playground.run.executors import executor_for
 from playground.run.language import corpus_conflict
-from playground.run.measure import cpu_count, gemm_flops_per_second, load_average, resolve_threads
+from playground.run.measure import (
+    cpu_count,
+    gemm_fields,
+    gemm_flops_per_second,
+    gemm_rate_of,
+    load_average,
+    resolve_threads,
+)
 from playground.run.measurer import Measurer, check_device
 from playground.run.spec import DECODE, Spec
 from playground.run.store import ENV, OVERRIDES, SPEC, RunLock, RunStore
@@ -135,7 +142,7 @@ class Runner:
                 f"measuring memory bandwidth on {self.spec.device} ({self.threads} threads)…"
             )
             self.record_bandwidth(env, "start")
-        self.gemm_flops = env["gemm_flops_per_s"]
+        self.gemm_flops = gemm_rate_of(env)  # with both libraries' rates, for the rows
         self.measurer = Measurer(
             self.spec,
             self.registry,
@@ -150,12 +157,17 @@ class Runner:
         """Measure the GEMM ceiling now and write it to env.json beside the earlier ones
         (`gemm_measurements`), keeping the fastest as `gemm_flops_per_s` and naming it in
         `gemm_best_of`: a matmul only ever gets slower when the machine is shared, so the
-        fastest is the nearest to the machine's ceiling."""
+        fastest is the nearest to the machine's ceiling. Each measurement, and env.json
+        beside `gemm_flops_per_s`, also keeps the rates of torch's matmul and of oneDNN
+        that the ceiling is the faster of (`gemm_fields`)."""
         flops = gemm_flops_per_second(self.spec.device, self.spec.torch_dtype, threads=self.threads)
         measured = list(env.get("gemm_measurements") or [])
         if not measured and env.get("gemm_flops_per_s"):  # a run from before this list
             measured.append({"at": "start", "flops_per_s": env["gemm_flops_per_s"]})
-        self._keep_fastest(env, "gemm", measured, {"at": when, "flops_per_s": flops})
+        entry = {"at": when, **gemm_fields(flops, prefix="")}
+        best = max([*measured, entry], key=lambda measurement: measurement["flops_per_s"])
+        env.update(gemm_fields(gemm_rate_of(best, prefix="")))
+        self._keep_fastest(env, "gemm", measured, entry)
 
     @property
     def decodes(self) -> bool:

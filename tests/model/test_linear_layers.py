@@ -263,3 +263,19 @@ def test_torch_func_transforms_take_f_linear(onednn):
 def test_wrong_shapes_get_torchs_own_message(onednn):
     with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
         FastLinear(4, 6)(torch.randn(3, 5))
+
+
+@needs_onednn
+def test_onednn_linear_is_the_product_with_the_weight_transposed():
+    generator = torch.Generator().manual_seed(3)
+    a, b = torch.randn(64, 48, generator=generator), torch.randn(32, 48, generator=generator)
+    _close(linear_layers.onednn_linear(a, b), a @ b.t())
+
+
+def test_onednn_computes_float32_on_a_cpu_only(monkeypatch):
+    monkeypatch.setattr(linear_layers, "_onednn_op_available", lambda: True)
+    assert linear_layers.onednn_computes("cpu", torch.float32)
+    assert not linear_layers.onednn_computes("cpu", torch.bfloat16)
+    assert not linear_layers.onednn_computes("cuda", torch.float32)
+    monkeypatch.setattr(linear_layers, "_onednn_op_available", lambda: False)
+    assert not linear_layers.onednn_computes("cpu", torch.float32)
