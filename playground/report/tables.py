@@ -342,9 +342,7 @@ def print_summary(lines: list[Line], console: Console) -> None:
     note = baseline_note(lines)
     if note:
         console.print(f"[yellow]note[/yellow]: {escape(note)}", soft_wrap=True)
-    console.print(
-        "\n" + escape(SCALING_TITLE).replace("Scaling", "[bold]Scaling[/bold]", 1), soft_wrap=True
-    )
+    console.print("\n" + escape(SCALING_TITLE).replace("Scaling", "[bold]Scaling[/bold]", 1))
     scaling = compact_table()
     scaling.add_column("variant", no_wrap=True)
     scaling.add_column("pass", no_wrap=True)
@@ -356,7 +354,7 @@ def print_summary(lines: list[Line], console: Console) -> None:
     console.print(scaling)
     note = exponent_note(exponent_rows)
     if note:
-        console.print(f"[yellow]{DOUBTFUL}[/yellow]{escape(note[len(DOUBTFUL) :])}", soft_wrap=True)
+        console.print(f"[yellow]{DOUBTFUL}[/yellow]{escape(note[len(DOUBTFUL) :])}")
     for line in lines:
         if line.status != OK:
             console.print(
