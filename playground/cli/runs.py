@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,12 +17,18 @@ from playground.report.pages import write_report
 from playground.report.plots import plot_run
 from playground.report.summary import write_summary
 from playground.report.tables import print_accuracy, print_language, print_nodes, print_summary
-from playground.run.cells import plan
+from playground.run.cells import pending_cells, plan
 from playground.run.context import Executor
 from playground.run.executors import executor_for
 from playground.run.measurer import check_device
-from playground.run.reevaluate import evaluate_again
+from playground.run.reevaluate import (
+    Evaluation,
+    evaluate_again,
+    missing_evaluations,
+    recorded_lengths,
+)
 from playground.run.resume import LANE_SETTINGS, resume
+from playground.run.rows import BadLine
 from playground.run.runner import Runner
 from playground.run.spec import SIZE_FLAGS
 from playground.run.spec_loading import load_spec
@@ -48,13 +55,21 @@ def _execute(registry: Registry, store: RunStore, spec, overrides: dict, executo
     try:
         runner.start(overrides)
         pending = len(runner.pending())
+        evaluations = _evaluations_said(missing_evaluations(store))
+        also = f", and {evaluations} to score again" if evaluations else ""
         console.print(
-            f"[bold]{spec.name}[/bold]: {len(plan(spec))} cells ({pending} to run, on "
+            f"[bold]{spec.name}[/bold]: {len(plan(spec))} cells ({pending} to run{also}, on "
             f"{runner.threads} threads, {executor.name} executor) → {store.directory}"
         )
     except KeyboardInterrupt:
         return _interrupted(store)
     count, completed = runner.measure_pending(executor)
+    if completed and missing_evaluations(store):  # after the cells: one trained again has its row
+        lengths = recorded_lengths(store)
+        try:
+            evaluate_again(store.directory, registry, lengths, announce=_announce)
+        except KeyboardInterrupt:
+            return _interrupted(store, count)
     try:  # a second Ctrl-C (while the figures are drawn, say) ends with the same hint
         lines = write_summary(store, runner.spec.baseline)
         print_summary(lines, console)
@@ -236,6 +251,58 @@ def command_eval(registry: Registry, arguments: argparse.Namespace) -> int:
     return 0
 
 
+def _announce(text: str) -> None:
+    console.print(escape(text), soft_wrap=True)
+
+
+def _evaluations_said(evaluations: list[Evaluation]) -> str:
+    """`playground eval` rows a resume scores again, in words ("" when none)."""
+    if not evaluations:
+        return ""
+    lengths = ",".join(str(n) for n in sorted({each.length for each in evaluations}))
+    return f"{len(evaluations)} `playground eval` row(s) at {lengths}"
+
+
+CELL_IN_LINE = re.compile(rb'"cell": "')
+"""Whether a line set aside still names its cell (a cut can end before it)."""
+
+
+def _after_repair(
+    registry: Registry, store: RunStore, lines: list[BadLine], plugins_dirs: Sequence[str]
+) -> str:
+    """What a resume will do now, in words: the cells it measures again and the
+    `playground eval` rows it scores again (said only as far as the run can tell)."""
+    unreadable = [line.number for line in lines if not CELL_IN_LINE.search(line.raw)]
+    maybe_eval = (
+        f"; line(s) {', '.join(map(str, unreadable))} name no cell: if `playground eval` "
+        f"wrote them, run it again with the lengths you gave it (it scores only what is "
+        f"missing)"
+        if unreadable
+        else ""
+    )
+    resume_command = f"playground run --resume {store.directory}"
+    try:
+        spec = resume(store.directory, registry, plugins_dirs).spec
+        cells = pending_cells(spec, store.rows())
+    except PlaygroundError as error:  # the spec cannot be read here: say what is known
+        return (
+            f"resume with: {resume_command} (it measures again every cell without a row, "
+            f"and scores again `playground eval`'s lengths; now it cannot read the run: "
+            f"{error}){maybe_eval}"
+        )
+    evaluations = missing_evaluations(store)
+    if not cells and not evaluations:
+        return (
+            f"nothing is missing: every cell of the spec and every `playground eval` length "
+            f"the run recorded has its row (the lines set aside repeated rows it has){maybe_eval}"
+        )
+    named = ", ".join(cell.id for cell in cells[:3]) + (", ..." if len(cells) > 3 else "")
+    work = [f"measures {len(cells)} cell(s) again ({named})"] if cells else []
+    if evaluations:
+        work.append(f"scores {_evaluations_said(evaluations)} again")
+    return f"resume with: {resume_command} (it {' and '.join(work)}){maybe_eval}"
+
+
 def command_repair(registry: Registry, arguments: argparse.Namespace) -> int:
     store = RunStore.existing(arguments.run_dir)
     done = store.repair()
@@ -252,9 +319,6 @@ def command_repair(registry: Registry, arguments: argparse.Namespace) -> int:
             f"as they were)",
             soft_wrap=True,
         )
-    console.print(
-        f"resume with: playground run --resume {escape(str(store.directory))} (it measures "
-        f"the cells of those lines again)",
-        soft_wrap=True,
-    )
+    plugins_dirs = getattr(arguments, "plugins_dir", None) or []
+    console.print(escape(_after_repair(registry, store, done.lines, plugins_dirs)), soft_wrap=True)
     return 0

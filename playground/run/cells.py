@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from playground.errors import PlaygroundError
-from playground.run.language import length_row
+from playground.run.language import eval_cell_id, evaluation_lengths, length_row
 from playground.run.spec import Spec, TaskRun, VariantSetup
 
 COST_MEASURES = ("speed", "memory", "fidelity")
@@ -52,6 +52,33 @@ def with_stage_rows(row: dict[str, Any], cell: Cell) -> list[dict[str, Any]]:
     return [row] + [
         {**row, **stage, "cell": accuracy_cell_id(cell.variant.label, stage["task_label"])}
         for stage in scored
+    ]
+
+
+def row_ids(cell: Cell, primary: dict[str, Any]) -> list[str]:
+    """The ids of every row `cell` writes, given its own row `primary`: its own, each
+    curriculum stage's, and, for a language cell that trained (its row has a
+    `train_length`), one per further evaluation length (as with_stage_rows writes them)."""
+    ids = [cell.id]
+    if cell.task is None:
+        return ids
+    ids += [accuracy_cell_id(cell.variant.label, label) for label in cell.task.stage_labels]
+    if "train_length" in primary:
+        lengths = evaluation_lengths(primary["train_length"], cell.task.eval_lengths)
+        ids += [eval_cell_id(cell.id, length) for length in lengths[1:]]
+    return ids
+
+
+def pending_cells(spec: Spec, rows: list[dict[str, Any]]) -> list[Cell]:
+    """The cells of `spec` that lack a row: their own, or one of the rows they write
+    beside it (a stage's, an evaluation length's, cut by a crash or set aside by
+    `playground repair`). Such a cell runs again and writes only the rows it lacks."""
+    recorded = {row["cell"]: row for row in rows}
+    return [
+        cell
+        for cell in plan(spec)
+        if cell.id not in recorded
+        or any(each not in recorded for each in row_ids(cell, recorded[cell.id]))
     ]
 
 

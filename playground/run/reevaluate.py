@@ -3,7 +3,10 @@
 training, each new length appended to the same results.jsonl as a row of its own.
 
 A length a cell already has a row for is skipped, so an interrupted evaluation is finished
-by running the same command again. Only cells whose training row is `ok` and on the run's
+by running the same command again. The lengths asked for are kept in the run
+(evaluations.json) before the first row is written, so `playground run --resume` scores
+again any of them a kept model lacks a row at (an interrupted evaluation, a row cut by a
+crash or set aside by `playground repair`): `recorded_lengths`, `missing_evaluations`. Only cells whose training row is `ok` and on the run's
 corpus are scored (a cell the runner marked as trained on other text is skipped, said). The
 corpus here must be the one the models trained on: a cell whose fingerprint differs is
 skipped with a message naming both, and when no cell is left the command is refused. A
@@ -12,8 +15,11 @@ weights file that cannot be read is a DamagedRun naming it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -25,6 +31,7 @@ from playground.errors import ConfigError, PlaygroundError
 from playground.model.transformer import ModelConfig, TransformerClassifier
 from playground.registry import Registry
 from playground.run.language import (
+    EVAL_LENGTH_TAG,
     baseline_fields,
     corpus_conflict,
     eval_cell_id,
@@ -35,7 +42,7 @@ from playground.run.language import (
 from playground.run.measure import using_threads
 from playground.run.model_settings import build_model
 from playground.run.resume import resume
-from playground.run.store import ENV, RunStore
+from playground.run.store import ENV, EVALUATIONS, REJECTED, RunStore
 from playground.tasks import LanguageTask
 
 
@@ -70,6 +77,48 @@ def trained_rows(store: RunStore) -> list[dict[str, Any]]:
             f"`playground eval` that run"
         )
     return kept
+
+
+EVAL_LENGTH_IN_CELL = re.compile(rf"\|{EVAL_LENGTH_TAG}=([0-9]+)\"")
+"""A row's cell id at an evaluation length, as a line set aside holds it (cut or not)."""
+
+
+def recorded_lengths(store: RunStore) -> list[int]:
+    """The lengths `playground eval` was asked for in this run: evaluations.json, the rows
+    it wrote (a run evaluated before that file), and the evaluation lengths of lines set
+    aside in results.rejected.jsonl (a length the spec asked for is there already, so
+    scoring it again is skipped)."""
+    lengths = set()
+    if store.path(EVALUATIONS).exists():
+        lengths.update(store.read_json(EVALUATIONS).get("eval_lengths", []))
+    lengths.update(row["eval_length"] for row in store.rows() if "evaluated_at" in row)
+    rejected = store.path(REJECTED)
+    if rejected.is_file():
+        for line in rejected.read_text(encoding="utf-8", errors="replace").splitlines():
+            with contextlib.suppress(ValueError, TypeError, KeyError):  # a line of another kind
+                text = json.loads(line)["text"]
+                lengths.update(int(match) for match in EVAL_LENGTH_IN_CELL.findall(text))
+    return sorted(length for length in lengths if isinstance(length, int) and length > 0)
+
+
+def missing_evaluations(store: RunStore) -> list[Evaluation]:
+    """What `playground eval` was asked for in this run that has no row now (none in a
+    run that kept no weights)."""
+    lengths = recorded_lengths(store)
+    try:
+        return planned(store, lengths) if lengths else []
+    except PlaygroundError:  # no language rows, or none kept its weights: nothing to score
+        return []
+
+
+def record_lengths(store: RunStore, lengths: Sequence[int]) -> None:
+    """Add `lengths` to the run's evaluations.json (see the module docstring)."""
+    known = (
+        store.read_json(EVALUATIONS).get("eval_lengths", [])
+        if store.path(EVALUATIONS).exists()
+        else []
+    )
+    store.write_json(EVALUATIONS, {"eval_lengths": sorted({*known, *lengths})})
 
 
 def planned(store: RunStore, lengths: Sequence[int]) -> list[Evaluation]:
@@ -170,6 +219,8 @@ def evaluate_again(
             tasks[row["cell"]] = task
         if skipped and not tasks:
             raise ConfigError(skipped[0])
+        if tasks:  # before the first row: a resume then finishes what this one leaves
+            record_lengths(store, lengths)
         for row in cells:
             if row["cell"] not in tasks:
                 continue

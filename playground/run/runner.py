@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from playground.registry import Registry
-from playground.run.cells import Cell, plan, with_stage_rows
+from playground.run.cells import Cell, pending_cells, with_stage_rows
 from playground.run.context import Executor, RunContext
 from playground.run.decode import memory_bandwidth
 from playground.run.environment import environment
@@ -41,7 +41,7 @@ from playground.run.measure import (
 )
 from playground.run.measurer import Measurer, check_device
 from playground.run.spec import DECODE, Spec
-from playground.run.store import ENV, OVERRIDES, SPEC, RunLock, RunStore
+from playground.run.store import ENV, OVERRIDES, REJECTED, ROWS, SPEC, RunLock, RunStore
 
 GEMM_AGAIN_AFTER_S = 30.0
 """A run whose cells took at least this long measures the GEMM ceiling again at its end:
@@ -106,6 +106,14 @@ class Runner:
         cells it was asked for. RunLocked when another process holds the run."""
         if self.lock is None:
             self.lock = self.store.lock()
+        cut = self.store.set_aside_cut_line()  # under the lock: no writer is mid-line now
+        if cut is not None:
+            self.console.print(
+                f"[yellow]warning[/yellow]: {self.store.path(ROWS)} line {cut.number} was cut "
+                f"short (a crash while it was written); it is set aside in {REJECTED}, and "
+                f"its row is measured again",
+                soft_wrap=True,
+            )
         self.warn_baseline_not_run()
         if self.store.path(ENV).exists():
             env = self.store.read_json(ENV)
@@ -205,8 +213,8 @@ class Runner:
         self.store.write_json(ENV, env)
 
     def pending(self) -> list[Cell]:
-        done = {row["cell"] for row in self.store.rows()}
-        return [cell for cell in plan(self.spec) if cell.id not in done]
+        """The cells that lack a row (cells.pending_cells)."""
+        return pending_cells(self.spec, self.store.rows())
 
     def measure_pending(self, executor: Executor | None = None) -> tuple[int, bool]:
         """Measure every pending cell on `executor` (default: the spec's); returns
@@ -225,16 +233,21 @@ class Runner:
         started = time.monotonic()
 
         corpora: dict[str, str] = {}
+        recorded = set()
         for earlier in self.store.rows():
             corpus_conflict(earlier, corpora)
+            recorded.add(earlier["cell"])
 
         def record(row: dict[str, Any]) -> None:
             nonlocal finished
             for each in with_stage_rows(row, by_id[row["cell"]]):
+                if each["cell"] in recorded:  # a cell run again for a row it lacked
+                    continue
                 conflict = corpus_conflict(each, corpora)
                 if conflict and each.get("status") == "ok":
                     each.update(status="error", error=conflict)  # its numbers stay in the row
                 self.store.append(each)
+                recorded.add(each["cell"])
             finished += 1
             progress.advance(bar)
 

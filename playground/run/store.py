@@ -10,6 +10,7 @@
         summary.csv     derived from results.jsonl (playground.report.summary): costs
         accuracy.csv    derived too: accuracy per variant and task (when measured)
         results.rejected.jsonl   lines `playground repair` moved out of results.jsonl
+        evaluations.json the lengths `playground eval` was asked for (a resume redoes them)
         run.lock        held (fcntl.flock) by the one process measuring the run; it holds
                         that process's id, so a second `--resume` names who has it
         weights/<cell>/seed-<k>.pt   a trained model's state dict (save_weights), loaded
@@ -59,6 +60,9 @@ SUMMARY = "summary.csv"
 ACCURACY = "accuracy.csv"
 OVERRIDES = "overrides.json"
 REJECTED = "results.rejected.jsonl"
+EVALUATIONS = "evaluations.json"
+"""The lengths `playground eval` was asked for ({"eval_lengths": [...]}), written before its
+first row: a resume scores again any of them a kept model lacks a row at."""
 WEIGHTS = "weights"
 SET_ASIDE = ".rejected"
 """The suffix `repair` gives a whole file it moves aside: env.json -> env.json.rejected."""
@@ -66,6 +70,12 @@ AFTER_SET_ASIDE = {
     ENV: "a resume then measures the environment and the GEMM again",
     OVERRIDES: "a resume then runs the whole spec, so restore the overrides from it first",
 }
+
+
+def _cut_line(data: bytes) -> BadLine:
+    """The last line of results.jsonl's bytes, which a crash cut short."""
+    pieces = data.split(b"\n")
+    return BadLine(len(pieces), pieces[-1], "is cut short (no newline at the end)")
 
 
 class DamagedRun(PlaygroundError, ValueError):
@@ -253,7 +263,7 @@ class RunStore:
         if bad:
             self.rows()  # raises, naming the first bad line
         if cut_short:
-            self.repair()
+            self.set_aside_cut_line()
         elif rows and not self.path(ROWS).read_bytes().endswith(b"\n"):
             self._append_bytes(b"\n")  # a whole last row that lost only its newline
         self._append_bytes((json.dumps(row, sort_keys=True) + "\n").encode("utf-8"))
@@ -288,10 +298,30 @@ class RunStore:
             return done
         rows, bad, cut_short = parse_lines(data)
         if cut_short:
-            pieces = data.split(b"\n")
-            bad.append(BadLine(len(pieces), pieces[-1], "is cut short (no newline at the end)"))
-        if not bad:
-            return done
+            bad.append(_cut_line(data))
+        if bad:
+            self._set_aside_lines(rows, bad)
+            done.lines = bad
+        return done
+
+    def set_aside_cut_line(self) -> BadLine | None:
+        """Move a last line cut short by a crash to results.rejected.jsonl (as repair()
+        does) and return it; None when the last line is whole. Its cell then counts as
+        missing. DamagedRun when another line is bad (that is repair's to do)."""
+        data = self._read_bytes(ROWS)
+        if not data:
+            return None
+        rows, bad, cut_short = parse_lines(data)
+        if bad:
+            self.rows()  # raises, naming the first bad line
+        if not cut_short:
+            return None
+        line = _cut_line(data)
+        self._set_aside_lines(rows, [line])
+        return line
+
+    def _set_aside_lines(self, rows: list[dict[str, Any]], bad: list[BadLine]) -> None:
+        """Append `bad` to results.rejected.jsonl, then rewrite results.jsonl with `rows`."""
         rejected = "".join(
             json.dumps(
                 {
@@ -313,8 +343,6 @@ class RunStore:
             raise unwritable(path, error, "check the run directory") from None
         kept = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows)
         self.write_text(ROWS, kept)
-        done.lines = bad
-        return done
 
     def _set_aside(self, name: str) -> tuple[Path, Path]:
         target = name + SET_ASIDE
