@@ -37,8 +37,10 @@ class LocalExecutor:
         trained = [cell for cell in cells if cell.task is not None]
         seeds = sum(len(cell.task.seeds) for cell in cells if cell.task is not None)
         workers = self.workers(context.spec, seeds)
-        if context.spec.device == "cpu":
-            native.build_state()  # a first build of the native kernels is no cell's time
+        if context.spec.device == "cpu" and cells:
+            # A first build of the native kernels is no cell's time; with no cell to run
+            # (a resume of a finished run), no build at all (it takes minutes).
+            native.build_state()
         with using_threads(context.threads):
             try:
                 for cell in cells:
