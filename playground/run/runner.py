@@ -22,7 +22,15 @@ import tomllib
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    Task,
+    TextColumn,
+    TimeRemainingColumn,
+)
 
 from playground.registry import Registry
 from playground.run.cells import Cell, pending_cells, with_stage_rows
@@ -55,6 +63,17 @@ MEASURED_RATES = {
 }
 """What the runner measures of the machine: env.json's key for the fastest measurement,
 and the rate's key in each measurement."""
+
+
+def finished_line(row: dict[str, Any], finished: int, cells: Task) -> str:
+    """`3/70 alibi|n=512|forward: ok in 4.2 s (about 310 s to go)`: a finished cell, for
+    output that is not a terminal, where rich draws no progress bar."""
+    wall = f" in {row['wall_s']:.1f} s" if isinstance(row.get("wall_s"), (int, float)) else ""
+    remaining = cells.time_remaining
+    left = (
+        f" (about {remaining:.0f} s to go)" if remaining and finished < (cells.total or 0) else ""
+    )
+    return escape(f"{finished}/{cells.total:.0f} {row['cell']}: {row['status']}{wall}{left}")
 
 
 class Runner:
@@ -250,6 +269,9 @@ class Runner:
                 recorded.add(each["cell"])
             finished += 1
             progress.advance(bar)
+            if not self.console.is_terminal:  # no bars are drawn: a line per cell instead
+                cells_bar = next(task for task in progress.tasks if task.id == bar)
+                self.console.print(finished_line(row, finished, cells_bar), soft_wrap=True)
 
         with Progress(*columns, console=self.console, transient=False) as progress:
             self.measurer.progress = progress

@@ -14,15 +14,18 @@ from __future__ import annotations
 import os
 import platform
 import time
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+from rich.progress import Progress
 
 from playground.errors import failure_fields
 from playground.registry import Registry
 from playground.run.accuracy import AccuracyJob, SeedResult, prepare, train_seed
+from playground.run.training_progress import StepReporter
 
 
 @dataclass(frozen=True)
@@ -68,12 +71,16 @@ def missing_variant(registry: Registry, name: str, where: str) -> str | None:
     )
 
 
-def train_seed_task(registry: Registry, task: SeedTask) -> SeedOutcome:
-    """Train and score one seed here; a raise becomes the outcome's failure."""
+def train_seed_task(
+    registry: Registry, task: SeedTask, progress: StepReporter | None = None
+) -> SeedOutcome:
+    """Train and score one seed here, its steps reported to `progress`; a raise becomes
+    the outcome's failure."""
     started = time.time()
     result, failure = None, None
     try:
-        result = train_seed(registry, prepare(registry, task.job), task.seed)
+        bars = typing.cast(Progress | None, progress)  # the calls train() makes of a Progress
+        result = train_seed(registry, prepare(registry, task.job), task.seed, bars)
     except Exception as error:  # one seed's failure is its cell's record, not the run's end
         failure = failure_fields(error)
     return SeedOutcome(

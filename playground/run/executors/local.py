@@ -1,4 +1,5 @@
-"""The `local` executor: a run's cells on this machine."""
+"""The `local` executor: a run's cells on this machine, the packed seeds' steps shown on
+the runner's bars as the workers report them (playground.run.training_progress)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,29 @@ import gc
 from collections.abc import Sequence
 
 from playground.kernels import native
+from playground.run.accuracy import prepare
 from playground.run.cells import Cell
 from playground.run.context import Record, RunContext
 from playground.run.executors.seed_pool import SeedPool
 from playground.run.measure import using_threads
 from playground.run.seeds import usable_cpus
 from playground.run.spec import Spec
+from playground.run.training_progress import TrainingBars
+
+
+def training_steps(context: RunContext, cells: Sequence[Cell]) -> int:
+    """The optimizer steps every seed of `cells` trains for (curriculum stages included),
+    for the overall bar's time remaining; a cell refused before training counts none."""
+    total = 0
+    for cell in cells:
+        assert cell.task is not None, "an accuracy cell"
+        try:
+            prepared = prepare(context.registry, context.measurer.job(cell))
+        except Exception:  # refused: train_packed records why, and it trains no step
+            continue
+        per_seed = prepared.training.steps + sum(stage.steps for _, stage in prepared.stages)
+        total += per_seed * len(cell.task.seeds)
+    return total
 
 
 class LocalExecutor:
@@ -49,10 +67,13 @@ class LocalExecutor:
                         record(measurer.measure(cell))
                 if workers > 1 and trained:
                     context.describe(f"training seeds on {workers} workers")
-                    pool = SeedPool(context.registry, workers)
+                    steps = training_steps(context, trained)
+                    bars = TrainingBars(measurer.progress, steps, seeds)
+                    pool = SeedPool(context.registry, workers, bars)
                     try:
                         measurer.train_packed(trained, pool, record)
                     finally:
                         pool.close()
+                        bars.close()
             finally:
                 gc.unfreeze()  # what the cells froze may be collected again from now on

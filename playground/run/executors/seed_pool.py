@@ -24,6 +24,7 @@ import contextlib
 import multiprocessing
 import os
 import platform
+import queue as queue_module
 import signal
 import threading
 import time
@@ -37,6 +38,7 @@ import torch
 from playground.kernels import native
 from playground.registry import LoadStep, Registry
 from playground.run.seeds import SeedOutcome, SeedTask, missing_variant, train_seed_task
+from playground.run.training_progress import StepReporter, TrainingBars
 
 RETRIES = 1
 """Further attempts, alone, for a seed whose worker died under it."""
@@ -54,6 +56,8 @@ STOP_SIGNALS = tuple(
 _worker_registry: Registry | None = None
 _worker_problem: str | None = None
 """Why this worker could not load the driver's registry (None when it could)."""
+_worker_reports: Any = None
+"""Where this worker sends its StepReports (a multiprocessing queue; None: nowhere)."""
 
 
 def _watch_parent(parent: int) -> None:
@@ -64,9 +68,12 @@ def _watch_parent(parent: int) -> None:
     os._exit(1)
 
 
-def _start_worker(recipe: Sequence[LoadStep], parent: int) -> None:
-    global _worker_registry, _worker_problem
+def _start_worker(recipe: Sequence[LoadStep], parent: int, reports: Any) -> None:
+    global _worker_registry, _worker_problem, _worker_reports
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    if reports is not None:
+        reports.cancel_join_thread()  # a report left unsent never holds up the exit
+        _worker_reports = reports
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     torch.set_num_threads(1)
     try:
@@ -84,7 +91,12 @@ def _train_in_worker(task: SeedTask) -> SeedOutcome:
         assert _worker_registry is not None, "the worker's initializer did not run"
         missing = missing_variant(_worker_registry, task.job.variant, where)
         if missing is None:
-            return train_seed_task(_worker_registry, task)
+            reporter = (
+                None
+                if _worker_reports is None
+                else StepReporter(_worker_reports.put, task.cell, task.seed)
+            )
+            return train_seed_task(_worker_registry, task, reporter)
         problem = missing
     now = time.time()
     failure = {"status": "error", "error": problem}
@@ -126,13 +138,17 @@ def _died(task: SeedTask, error: BaseException, attempts: int) -> SeedOutcome:
 
 
 class SeedPool:
-    """`workers` spawned processes, one torch thread each, training seeds."""
+    """`workers` spawned processes, one torch thread each, training seeds; `bars` (the
+    driver's TrainingBars) shows their steps as the workers report them."""
 
-    def __init__(self, registry: Registry, workers: int) -> None:
+    def __init__(self, registry: Registry, workers: int, bars: TrainingBars | None = None) -> None:
         if workers < 1:
             raise ValueError(f"workers must be at least 1; got {workers}")
         self.recipe = list(registry.recipe)
         self.workers = workers
+        self.bars = bars
+        self._context = multiprocessing.get_context("spawn")
+        self._reports = self._context.Queue() if bars is not None else None
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._size = 0
 
@@ -141,9 +157,9 @@ class SeedPool:
             self._pool.shutdown(wait=True, cancel_futures=True)
         self._pool = concurrent.futures.ProcessPoolExecutor(
             workers,
-            mp_context=multiprocessing.get_context("spawn"),
+            mp_context=self._context,
             initializer=_start_worker,
-            initargs=(self.recipe, os.getpid()),
+            initargs=(self.recipe, os.getpid(), self._reports),
         )
         self._size = workers
         return self._pool
@@ -167,6 +183,7 @@ class SeedPool:
         idle_breaks: Counter[tuple[str, int]] = Counter()  # broken before seen running
         deaths: Counter[tuple[str, int]] = Counter()  # deaths that were surely its own
         queue = list(tasks)
+        done = self._shown(done)
         native.build_state()  # a first build happens here once, not on every worker at once
         with _stopping_on_signals():
             try:
@@ -209,6 +226,7 @@ class SeedPool:
             finished, waiting = concurrent.futures.wait(
                 waiting, timeout=0.5, return_when=concurrent.futures.FIRST_COMPLETED
             )
+            self._show_reports()
             for future in finished:
                 task = futures[future]
                 key = (task.cell, task.seed)
@@ -226,6 +244,31 @@ class SeedPool:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
         return requeue, suspects
+
+    def _shown(self, done: Callable[[SeedOutcome], None]) -> Callable[[SeedOutcome], None]:
+        """`done`, after the seed's last reports and its end are shown on the bars."""
+        bars = self.bars
+        if bars is None:
+            return done
+
+        def shown(outcome: SeedOutcome) -> None:
+            self._show_reports()
+            failure = (outcome.failure or {}).get("error")
+            bars.seed_done(outcome.task.cell, outcome.task.seed, failure)
+            done(outcome)
+
+        return shown
+
+    def _show_reports(self) -> None:
+        """Hand every StepReport the workers sent so far to the bars."""
+        if self._reports is None or self.bars is None:
+            return
+        while True:
+            try:
+                report = self._reports.get_nowait()
+            except queue_module.Empty:
+                return
+            self.bars.steps(report)
 
     def close(self, kill: bool = False) -> None:
         """Shut the workers down; `kill` stops the ones still training."""
