@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from playground.errors import InvalidInput
+from playground.errors import HookError, InvalidInput
 
 MIN_CAPACITY = 16
 """Slots a growing `TokenCache` starts with; it doubles when full (amortised O(1))."""
@@ -86,11 +86,52 @@ class DecodingState:
     def owned_by(self, module: Any) -> bool:
         return self._owner is not None and self._owner() is module
 
+    def select_sequences(self, indices: torch.Tensor) -> None:
+        """Keep the sequences at `indices` (B',) int64, in that order, one possibly more
+        than once: beam search's reordering between steps (transformers'
+        `Cache.reorder_cache`), a batch repeated or trimmed. The default indexes every
+        tensor the state holds along its first dimension, which is the batch (a state's
+        tensors are per sequence, batch first, as TokenCache's are; an empty one is left
+        as it is). Override it for a state that holds a tensor shared by the sequences."""
+        _select_rows(self, indices, self.batch, self, seen=set())
+        self.batch = indices.shape[0]
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(batch={self.batch}, length={self.length}, "
             f"max_length={self.max_length}, nbytes={self.nbytes})"
         )
+
+
+def _select_rows(
+    value: Any, indices: torch.Tensor, batch: int, state: DecodingState, seen: set[int]
+) -> Any:
+    """`value` with every tensor in it indexed by `indices` along its batch dimension;
+    containers rebuilt, states changed in place (`DecodingState.select_sequences`)."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() and value.shape[0] == batch:
+            return value.index_select(0, indices.to(value.device))
+        if value.numel() == 0:
+            return value
+        owner = state._owner() if state._owner is not None else None
+        raise HookError(
+            getattr(owner, "name", type(owner).__name__),
+            type(state).__module__,
+            f"{type(state).__name__}.select_sequences()",
+            f"is the default, which takes every tensor of a state to be per sequence, batch "
+            f"({batch}) first; this state holds one of {tuple(value.shape)}: override "
+            "select_sequences to say which of its tensors follow the sequences",
+        )
+    if isinstance(value, dict):
+        return {k: _select_rows(v, indices, batch, state, seen) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [_select_rows(v, indices, batch, state, seen) for v in value]
+        return value._make(items) if hasattr(value, "_make") else type(value)(items)
+    if isinstance(value, DecodingState) and id(value) not in seen:
+        seen.add(id(value))
+        for name, item in vars(value).items():
+            setattr(value, name, _select_rows(item, indices, batch, state, seen))
+    return value
 
 
 def _tensors_in(value: Any, seen: set[int]) -> Iterator[torch.Tensor]:
