@@ -119,12 +119,18 @@ class BridgedAttention:
 def query_slot(allowed: torch.Tensor | None, n_q: int, n_k: int) -> int:
     """The cache slot of the first of Nq causal queries over Nk key slots: the last Nq of
     them in a cache that grows (DynamicCache), or, in one allocated ahead (StaticCache,
-    its unwritten slots masked), where the last query sees its own, latest key."""
+    its unwritten slots masked), read from the mask. Query i, at slot first + i, sees no
+    key after its own slot, and its own when it is a real token: so first is the largest
+    (latest key seen by query i) − i over every query and sequence, reached by any real
+    query (padding on the right included, where the last query is padding). A call with
+    no real query anywhere has no output that counts: the last Nq slots then."""
     if allowed is None or n_q >= n_k:
         return n_k - n_q
-    seen = allowed[..., -1, :].flatten(0, -2).any(dim=0)  # (Nk,): seen by the last query
-    latest = int(seen.nonzero().max()) if bool(seen.any()) else n_k - 1
-    return latest - (n_q - 1)
+    slots = torch.arange(n_k, device=allowed.device)
+    latest = torch.where(allowed, slots, -1).amax(dim=-1)  # (B, H, Nq): -1 where none seen
+    queries = torch.arange(n_q, device=allowed.device)
+    first = torch.where(latest >= 0, latest - queries, -1).amax()
+    return int(first) if int(first) >= 0 else n_k - n_q
 
 
 def mask_without_shortcuts(*args: Any, **kwargs: Any) -> torch.Tensor | None:

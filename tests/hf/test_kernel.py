@@ -260,3 +260,24 @@ def test_a_static_cache_decodes_at_the_right_positions(name):
         steps = [model(ids[:, t : t + 1], cache=cache, use_cache=True).logits for t in range(5, 8)]
     got = torch.cat([prompt, *steps], dim=1)
     assert (got - expected).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("name", ["vanilla", "alibi", "rope"])
+def test_a_static_cache_takes_a_batch_whose_every_row_ends_in_padding(name):
+    """The last query of such a batch is padding and does not see its own slot, which the
+    queries' positions were read from: alibi and rope raised a shape error (vanilla, which
+    reads no position, and a DynamicCache worked). Every real token's logits are the
+    forward's without a cache, and the next token's too."""
+    implementation = playground.hf.register(name)
+    model = build(transformers.LlamaForCausalLM, llama_config(), implementation)
+    ids = tokens(2, 9)
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[0, 6:8], mask[1, 7:8] = 0, 0  # the prompt, ids[:, :8], ends in padding in both rows
+    cache = transformers.StaticCache(config=model.config, max_cache_len=16)
+    with torch.no_grad():
+        expected = model(ids, attention_mask=mask).logits
+        prompt = model(ids[:, :8], attention_mask=mask[:, :8], cache=cache, use_cache=True)
+        step = model(ids[:, 8:], attention_mask=mask, cache=cache, use_cache=True).logits
+    real = mask[:, :8].bool()
+    assert (prompt.logits - expected[:, :8])[real].abs().max() < 1e-5
+    assert (step - expected[:, 8:]).abs().max() < 1e-5
