@@ -5,8 +5,11 @@ layer's cache or recurrent state, not a forward over the whole context.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
+from playground.decoding import left_aligned
 from playground.errors import ConfigError
 from playground.model.transformer import TransformerClassifier
 
@@ -24,8 +27,12 @@ def generate(
 ) -> torch.Tensor:
     """The `max_new_tokens` tokens (B, max_new_tokens) that follow `prompt` (B, P) int64,
     padded on either side as `attention_mask` (B, P) bool says: each sequence goes on
-    from its last real token, at the positions of the left-padded batch (see
-    `TransformerClassifier.prefill`). Greedy (the most likely token) at temperature 0;
+    from its last real token, as it would alone. A model whose positions are relative
+    (its variant encodes them) or absent decodes the batch at the positions of the
+    left-padded batch (see `TransformerClassifier.prefill`), which gives each sequence
+    what it gives alone; one with absolute (sinusoidal) positions would shift a shorter
+    prompt's positions by its padding there, so its prompts of each length are decoded
+    as a batch of their own, unpadded. Greedy (the most likely token) at temperature 0;
     otherwise drawn from softmax(logits / temperature), among the `top_k` most likely
     when given, with `generator`. Puts the model in eval mode (no dropout)."""
     if prompt.dim() != 2 or prompt.shape[1] == 0:
@@ -38,6 +45,19 @@ def generate(
             f"{temperature}, {top_k}"
         )
     model.eval()
+    if attention_mask is not None and model.positional_encoding is not None:
+        lengths = attention_mask.bool().sum(dim=1)  # (B,) real tokens
+        if bool((lengths != lengths[0]).any()):
+            return _by_length(
+                model,
+                prompt,
+                attention_mask.bool(),
+                lengths,
+                max_new_tokens,
+                temperature=temperature,
+                top_k=top_k,
+                generator=generator,
+            )
     logits, state = model.prefill(
         prompt, attention_mask, max_length=prompt.shape[1] + max_new_tokens
     )
@@ -54,6 +74,29 @@ def generate(
     if not made:
         return prompt.new_zeros(prompt.shape[0], 0)
     return torch.cat(made, dim=1)
+
+
+def _by_length(
+    model: TransformerClassifier,
+    prompt: torch.Tensor,
+    real: torch.Tensor,
+    lengths: torch.Tensor,
+    max_new_tokens: int,
+    **sampling: Any,
+) -> torch.Tensor:
+    """`generate` for prompts of different lengths (real (B, P) bool, lengths (B,)) under
+    absolute positions: each length's prompts as one unpadded batch, so every prompt's
+    first real token is at position 0, as when it is alone."""
+    left_aligned(real)  # refuses padding between real tokens
+    if bool((lengths == 0).any()):
+        row = int((lengths == 0).nonzero()[0, 0])
+        raise ConfigError(f"sequence {row} of the prompt has no real token to continue from")
+    made = prompt.new_zeros(prompt.shape[0], max_new_tokens)
+    for length in lengths.unique().tolist():
+        rows = (lengths == length).nonzero().flatten()
+        group = prompt[rows][real[rows]].view(len(rows), length)  # (rows, length)
+        made[rows] = generate(model, group, max_new_tokens, **sampling)
+    return made
 
 
 def _choose(

@@ -76,13 +76,15 @@ PROMPTS = [[3, 14, 15, 9, 2], [6, 5], [35]]
 @pytest.mark.parametrize("side", ["left", "right"])
 @pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-5), (torch.float64, 1e-10)])
 def test_a_padded_batch_decodes_as_the_full_forward_on_it(variant, side, dtype, tolerance):
-    """Greedy tokens and every step's logits through the state equal the full forward's on
-    the left-padded batch (a right-padded one is decoded as if left-padded), 14 tokens:
-    past the model's 16 positions."""
+    """Every step's logits through the state equal the full forward's on the left-padded
+    batch (a right-padded one is decoded as if left-padded), 14 tokens: past the model's
+    16 positions; and so do generate()'s tokens where positions are relative (with
+    absolute ones generate() decodes each length alone: see the next test)."""
     net = model(variant, dtype)
     expected_tokens, expected_logits = decoded_by_full_forward(net, *padded(PROMPTS, "left"), 14)
     tokens, mask = padded(PROMPTS, side)
-    assert generate(net, tokens, 14, attention_mask=mask).tolist() == expected_tokens.tolist()
+    if net.positional_encoding is None:
+        assert generate(net, tokens, 14, attention_mask=mask).tolist() == expected_tokens.tolist()
     with torch.no_grad():
         logits, state = net.prefill(tokens, mask)
         last_real = torch.tensor([4, 4, 4] if side == "left" else [4, 1, 0])
@@ -114,18 +116,43 @@ def test_each_step_has_the_full_forward_logits(variant, dtype, tolerance):
     assert (torch.cat(steps, dim=1) - expected).abs().max() < tolerance
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("side", ["left", "right"])
-def test_a_padded_batch_generates_what_each_prompt_does_alone(side):
-    net = model("rope")  # relative positions: a prompt's tokens do not depend on padding
-    prompts = [[3, 14, 15, 9, 2], [6, 5], [35]]
-    padded = torch.zeros(3, 5, dtype=torch.long)
-    mask = torch.zeros(3, 5, dtype=torch.bool)
-    for b, prompt in enumerate(prompts):
-        where = slice(5 - len(prompt), 5) if side == "left" else slice(0, len(prompt))
-        padded[b, where], mask[b, where] = torch.tensor(prompt), True
-    made = generate(net, padded, 8, attention_mask=mask)
-    for b, prompt in enumerate(prompts):
-        assert made[b].tolist() == generate(net, torch.tensor([prompt]), 8)[0].tolist()
+def test_a_padded_batch_generates_what_each_prompt_does_alone(variant, side):
+    """Relative positions (rope, alibi, t5_relative) do not depend on the padding; the
+    sinusoids of the others would shift a shorter prompt's positions by its padding (13
+    of these 24 tokens differed with vanilla), so generate() decodes each length alone."""
+    net = model(variant)
+    tokens, mask = padded(PROMPTS, side)
+    made = generate(net, tokens, 8, attention_mask=mask)
+    alone = torch.cat([generate(net, torch.tensor([prompt]), 8) for prompt in PROMPTS])
+    assert made.tolist() == alone.tolist()
+
+
+def test_sampling_a_padded_batch_with_sinusoids_draws_as_each_length_alone():
+    """Sampling too: the draws of the prompts of each length generated as a batch, the
+    shorter length first, from one generator."""
+    net = model("vanilla")
+    tokens, mask = padded([[3, 14, 15], [6, 5], [9, 2, 7]], "left")
+    made = generate(
+        net,
+        tokens,
+        6,
+        attention_mask=mask,
+        temperature=1.0,
+        generator=torch.Generator().manual_seed(3),
+    )
+    generator = torch.Generator().manual_seed(3)  # the shorter length first
+    two = generate(net, tokens[1:2, 1:], 6, temperature=1.0, generator=generator)
+    threes = generate(net, tokens[[0, 2]], 6, temperature=1.0, generator=generator)
+    assert made.tolist() == [threes[0].tolist(), two[0].tolist(), threes[1].tolist()]
+
+
+def test_a_prompt_without_a_real_token_is_refused_under_sinusoids():
+    tokens, mask = padded([[3, 14], [6]], "left")
+    mask[1] = False
+    with pytest.raises(ConfigError, match="sequence 1 of the prompt has no real token"):
+        generate(model("vanilla"), tokens, 3, attention_mask=mask)
 
 
 def test_sampling_is_reproducible_and_top_1_is_greedy():
