@@ -19,7 +19,8 @@ from torch import nn
 
 from playground.contract import AttentionVariant
 from playground.hf.library import require
-from playground.hf.swap import SwappedAttention, SwapReport, swap_attention
+from playground.hf.swap import SwapReport, swap_attention
+from playground.hf.swapped import SwappedAttention
 
 FEED_FORWARD_MULTIPLE = 64
 """Llama rounds its SwiGLU width up to a multiple of this (256 at 7B scale)."""

@@ -11,7 +11,8 @@ import torch
 
 import playground
 import playground.hf
-from playground.hf.swap import SUPPORTED, SwappedAttention
+from playground.hf.swap import SUPPORTED
+from playground.hf.swapped import SwappedAttention
 from playground.tasks.lm.corpus import load_corpus
 from tests.hf.models import (
     TOLERANCES,
@@ -122,7 +123,7 @@ DECODING = {
     "sliding_window": {"window": 3},
     "linear": {},
     "performer": {},
-    "longformer": {"attention_window": 4},
+    "longformer": {"attention_window": 4, "impl": "reference"},  # see the refusal below
     "t5_relative": {},
     "differential": {},
 }
@@ -130,8 +131,8 @@ DECODING = {
 
 @pytest.mark.parametrize(("name", "options"), DECODING.items(), ids=DECODING)
 def test_hf_generate_uses_the_variants_decoding_state_exactly(name, options):
-    """Greedy `generate()` gives the tokens of re-running the whole forward; its cache
-    holds the variant's state for each layer, and one number per token of its own."""
+    """Greedy `generate()` gives the tokens of re-running the whole forward; each layer of
+    its cache holds the variant's state, and one number per token of its own."""
     model = build(transformers.LlamaForCausalLM, llama_config(), "sdpa")
     playground.hf.swap_attention(model, name, **options)
     prompt = tokens(2, 5)
@@ -142,9 +143,9 @@ def test_hf_generate_uses_the_variants_decoding_state_exactly(name, options):
     cache = transformers.DynamicCache(config=model.config)
     with torch.no_grad():
         model(prompt, cache=cache, use_cache=True)
-    states = cache.playground_states
-    assert sorted(states) == [0, 1] and cache.get_seq_length() == 5
-    assert all(isinstance(state, playground.decoding.DecodingState) for state in states.values())
+    assert len(cache.layers) == 2 and cache.get_seq_length() == 5
+    states = [layer.state for layer in cache.layers]
+    assert all(isinstance(state, playground.decoding.DecodingState) for state in states)
 
 
 @pytest.mark.parametrize("name", ["vanilla", "alibi"])
@@ -158,17 +159,28 @@ def test_a_left_padded_batch_generates_each_sequence_as_alone(name):
 
 
 BIDIRECTIONAL = {
-    "linformer": ({"seq_len": 12, "k": 8}, True),
-    "performer": ({}, True),
-    "nystromformer": ({"num_landmarks": 4}, False),  # declares no padding mask
+    "linformer": ({"seq_len": 12, "k": 8}, True, True),
+    "performer": ({}, True, False),
+    "nystromformer": ({"num_landmarks": 4}, False, False),  # declares no padding mask
 }
+"""name: (options, padded, whether it can drop attention weights as BERT does)."""
 
 
-@pytest.mark.parametrize(("name", "options", "padded"), [(n, *c) for n, c in BIDIRECTIONAL.items()])
-def test_a_bidirectional_model_takes_variants_without_causal_attention(name, options, padded):
-    """BERT is not causal: Linformer, Performer and Nyströmformer swap in and run."""
+@pytest.mark.parametrize(
+    ("name", "options", "padded", "drops"), [(n, *c) for n, c in BIDIRECTIONAL.items()]
+)
+def test_a_bidirectional_model_takes_variants_without_causal_attention(
+    name, options, padded, drops
+):
+    """BERT is not causal: Linformer, Performer and Nyströmformer swap in and run. BERT's
+    attention dropout (0.1) goes to Linformer's option; the other two cannot apply it,
+    and the swap says so by a warning rather than drop it silently."""
     model = build(transformers.BertModel, bert_config(), "sdpa")
-    report = playground.hf.swap_attention(model, name, **options)
+    if drops:
+        report = playground.hf.swap_attention(model, name, **options)
+    else:
+        with pytest.warns(UserWarning, match=f"not applied by '{name}'"):
+            report = playground.hf.swap_attention(model, name, **options)
     ids = tokens(2, 12)
     mask = left_padded([12, 8], 12) if padded else None
     with torch.no_grad():
@@ -202,8 +214,10 @@ def test_another_architecture_is_refused_naming_the_supported_ones():
         vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, ffn_dim=64, num_attention_heads=4
     )
     model = build(transformers.OPTForCausalLM, config, "sdpa")
-    with pytest.raises(playground.UnsupportedFeature, match="supported: bert, gpt2, llama"):
+    with pytest.raises(playground.UnsupportedFeature, match="supported: bert, gpt2, llama") as no:
         playground.hf.swap_attention(model, "vanilla")
+    # The refusal names the variant asked for, not "variant 'transformers bridge'".
+    assert str(no.value).startswith("variant 'vanilla' does not support swapping the attention")
 
 
 def test_a_causal_model_refuses_a_variant_without_causal_attention():
@@ -269,6 +283,29 @@ def test_generation_with_a_variant_that_cannot_decode_says_why():
     with pytest.raises(playground.UnsupportedFeature, match="decoding in this model") as refused:
         model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=3)
     assert NO_DECODING_HINT in str(refused.value)
+
+
+def test_a_variant_that_bypasses_its_projections_is_refused_where_the_rotation_is_kept():
+    """Longformer's fast path reads k_proj's weight (one product for k and v) instead of
+    calling it, so the model's rotation, applied to what k_proj returns, missed its keys:
+    its logits differed from its reference path's by 2.6e-3, silently. Refused, pointing
+    to impl='reference', which calls its projections and is exact (cached or not)."""
+    model = build(transformers.LlamaForCausalLM, llama_config(), "sdpa")
+    with pytest.raises(playground.UnsupportedFeature, match="without calling q_proj") as refused:
+        playground.hf.swap_attention(copy.deepcopy(model), "longformer", attention_window=4)
+    assert "its forward computes" in str(refused.value) and "impl='reference'" in str(refused.value)
+    playground.hf.swap_attention(model, "longformer", attention_window=4, impl="reference")
+    ids = tokens(2, 9)
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        cached = torch.cat(
+            [
+                model(ids[:, :5], cache=cache, use_cache=True).logits,
+                model(ids[:, 5:], cache=cache, use_cache=True).logits,
+            ],
+            dim=1,
+        )
+        assert (cached - model(ids, use_cache=False).logits).abs().max() < 1e-5
 
 
 def test_a_model_swapped_twice_is_refused():
