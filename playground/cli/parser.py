@@ -12,6 +12,7 @@ from playground.cli.runs import (
     command_repair,
     command_run,
 )
+from playground.cli.samples import command_sample
 from playground.cli.variants import (
     command_check,
     command_info,
@@ -169,6 +170,52 @@ def build_parser() -> argparse.ArgumentParser:
     )
     repair.add_argument("run_dir", metavar="RUN_DIR", help="results/<experiment>/<timestamp>")
     repair.set_defaults(handler=command_repair)
+
+    sample = commands.add_parser(
+        "sample",
+        parents=[common],
+        help="continue a prompt with a run's kept language models (save_weights = true)",
+    )
+    sample.add_argument("run_dir", metavar="RUN_DIR", help="results/<experiment>/<timestamp>")
+    sample.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue")
+    sample.add_argument(
+        "--max-new-tokens",
+        type=_positive_int,
+        default=64,
+        metavar="N",
+        help="bytes to generate (default: 64)",
+    )
+    sample.add_argument(
+        "--variant", metavar="NAME", help="only this variant's models (its name or setup label)"
+    )
+    sample.add_argument("--cell", metavar="CELL", help="only this cell's model (its row's cell)")
+    sample.add_argument(
+        "--seed",
+        type=int,
+        metavar="K",
+        help="the training seed whose weights generate (default: each cell's first)",
+    )
+    sample.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        metavar="T",
+        help="0 (the default) takes the most likely byte; above 0 draws from the softmax at T",
+    )
+    sample.add_argument(
+        "--top-k", type=_positive_int, metavar="K", help="draw among the K likeliest"
+    )
+    sample.add_argument(
+        "--draw-seed",
+        type=int,
+        default=0,
+        metavar="S",
+        help="seed of the draws at a temperature above 0 (default: 0)",
+    )
+    sample.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where to run the model"
+    )
+    sample.set_defaults(handler=command_sample)
 
     new = commands.add_parser(
         "new", parents=[common], help="scaffold plugins/NAME.py: a variant that passes the suite"
