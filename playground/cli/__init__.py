@@ -2,15 +2,19 @@
 the command, turning the errors a user can fix into one line and an exit status.
 
     playground [--plugins-dir DIR] list | info NAME | plugins | check [NAME ... | --all]
-    playground run SPEC [--device cpu|cuda] [--variants a,b] [--seq-lens ...] [--out DIR]
+    playground run SPEC [--device cpu|cuda] [--variants a,b [--no-baseline]] [--seq-lens ...]
+                        [--steps N] [--seeds N] [--d-model N] [--num-layers N] [--out DIR]
     playground run --resume RUN_DIR             [--threads N] on run and compare
+    playground eval RUN_DIR --eval-lengths N,M  score kept language models at new lengths
+    playground sample RUN_DIR --prompt TEXT     continue a prompt with kept language models
     playground repair RUN_DIR                   set aside what a resume cannot read
     playground compare [--device ...]           the main job: experiments/quick.toml
     playground new NAME [--from VARIANT | --kind mod] [--dir DIR]   scaffold plugins/NAME.py
     playground plot RUN_DIR [--out DIR] [--format png|svg|pdf] | --benchmarks
 
 Every command takes `--help`; `--plugins-dir` may also follow the command. The parser is
-in parser.py, the commands in variants.py and runs.py, the shared console in output.py.
+in parser.py, the commands in variants.py, runs.py and samples.py, the shared console in
+output.py.
 """
 
 from __future__ import annotations
