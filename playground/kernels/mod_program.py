@@ -4,9 +4,9 @@ cache: the additive bias of a `score_mod` (score + f(b, h, q_idx, kv_idx)), −i
 
 Evaluated by torch over a block, an element-wise bias costs one pass through memory per
 operation, each over B·H·block·span values, and then SDPA reads it once more: at n = 4096
-that is more time than the attention. Here the mods are traced (`mod_structure.trace_mods`)
-on every call, since a plain value it reads (a window, an option) may change between
-calls, and partially evaluated:
+that is more time than the attention. Here the mods are traced on every call, since a
+plain value they read (a window, an option) may change between calls (one trace gives the
+call's verdicts and its program: `mod_structure.analyse_mods`), and partially evaluated:
 
 - a node that does not read both q_idx and kv_idx is evaluated by torch, over (B, H, Nq, 1)
   or (B, H, 1, Nk) at most (`slopes[h]`, `doc[kv_idx]`, `q_idx // 64`): a leaf of the
@@ -14,7 +14,9 @@ calls, and partially evaluated:
 - a node that reads both becomes an instruction (`native/mod_program.h`): arithmetic,
   comparisons, `where`, `clamp`, casts, exp/log/sqrt, and table lookups (`table[q_idx -
   kv_idx]`, T5's buckets), with torch's promotion and integer semantics (floor division,
-  remainders, negative indices; an index out of range fails as torch's does).
+  remainders, negative indices; an index out of range fails as torch's does; integer
+  constants exact at any size), and torch's subgradients (a tie split, NaN kept);
+  keyword operands are read (`other=`, `alpha=`), an unknown keyword refused.
 
 `lower` returns the reason (a str) for whatever it does not know (another dtype, an
 operation outside that list, a leaf larger than a row or a column): the caller keeps the
