@@ -16,7 +16,7 @@ import numbers
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import torch
 from torch import nn
@@ -126,6 +126,23 @@ class AttentionVariant(nn.Module):
         """Useful floating-point operations of one forward pass for one batch element,
         projections included (a multiply-add counts as 2)."""
         raise NotImplementedError
+
+    # How the contract suite checks `flops()` against torch's FlopCounterMode
+    # (playground/testing/flops.py): it counts the matrix products of one path.
+    flops_counted_path: ClassVar[Literal["reference", "fast"]] = "reference"
+    """The path whose matrix products `flops()` claims: "reference", or "fast" when the
+    reference does work the algorithm does not need (it forms the (Nq, Nk) matrix of a
+    linear-cost method, scores every pair and then masks most, or multiplies in a costlier
+    order). A fused attention call is counted by the pairs its mask lets through."""
+    flops_tolerance: ClassVar[float] = 0.05
+    """How far `flops()` may lie from the count, as a share of it: room for the work it
+    includes that is no matrix product (named in `flops_uncounted`). The count leaves out
+    softmax, exp, sums and every elementwise operation, and so does a `flops()` that
+    claims products only; 5% holds about one operation per score at the suite's
+    narrowest heads (8 features: 32 FLOPs of products per score and head)."""
+    flops_uncounted: ClassVar[str] = ""
+    """What `flops()` includes that the counter does not see ("the bias added to every
+    score"), for the suite's message; empty when it claims matrix products only."""
 
     def __init__(self, d_model: int = 512, num_heads: int = 8, **options: Any) -> None:
         super().__init__()

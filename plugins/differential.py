@@ -68,6 +68,8 @@ class DifferentialAttention(AttentionVariant):
     paper = "Ye et al. 2025, Differential Transformer, §2.1"
     Config = DifferentialConfig
     colour = "#98df8a"  # light green, in every figure
+    flops_uncounted = "A₁ − λA₂, 2 per score; the heads' RMSNorm and scale, 6 per feature"
+    flops_tolerance = 0.1  # 2 per score: 6% of the products at head width 8
     capabilities = Capabilities(
         causal=True,
         padding_mask=True,
@@ -80,9 +82,14 @@ class DifferentialAttention(AttentionVariant):
 
     @staticmethod
     def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: object) -> float:
-        # Q₁K₁ᵀ and Q₂K₂ᵀ are half-width each: one Q Kᵀ's worth; A₁V and A₂V two P V's.
-        scores_and_mix = attention_flops(n_q * n_k, d_model) * 3 / 2
-        return projection_flops(n_q, n_k, d_model) + scores_and_mix + 6 * n_q * d_model
+        # Q₁K₁ᵀ and Q₂K₂ᵀ are half-width each: one Q Kᵀ's worth; (A₁ − λA₂) V one P V
+        # (eq. 1, as the paper's code computes it; the fast path's A₁V and A₂V are two
+        # because fused kernels cannot subtract the maps).
+        maps = 2 * n_q * n_k * num_heads  # A₁ − λ A₂
+        norm = 6 * n_q * d_model  # RMSNorm of each head, × (1 − λ_init) (eq. 4)
+        return (
+            projection_flops(n_q, n_k, d_model) + attention_flops(n_q * n_k, d_model) + maps + norm
+        )
 
     def __init__(self, d_model: int = 512, num_heads: int = 8, **options: object) -> None:
         super().__init__(d_model, num_heads, **options)

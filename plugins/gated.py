@@ -36,6 +36,7 @@ class GatedAttention(playground.SoftmaxAttention):
     paper = "Qiu et al. 2025, Gated Attention for LLMs, §2.2 (G1)"
     Config = GatedConfig
     colour = "#ff9896"  # light red, in every figure
+    flops_uncounted = "the gate's product Y ⊙ σ(X W_θ), 1 per query and feature"
 
     @staticmethod
     def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: object) -> float:

@@ -70,6 +70,9 @@ class LinearAttention(AttentionVariant):
         dtypes=(torch.float32, torch.float64, torch.bfloat16),
     )
     suite_options = {"chunk_size": 5}  # several chunks and a partial one
+    # The reference forms the (Nq, Nk) matrix for its weights; flops() is the sums' cost.
+    flops_counted_path = "fast"
+    flops_uncounted = "the normaliser Σ φ(K_j), 2 per key and feature"
 
     @staticmethod
     def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: object) -> float:

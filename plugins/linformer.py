@@ -135,9 +135,9 @@ class LinformerAttention(AttentionVariant):
 
     @staticmethod
     def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: object) -> float:
-        # With fewer keys than k, E[:, :n_k] still computes k slots, but of rank <= n_k:
-        # only n_k of them are useful work.
-        k = min(int(options.get("k", LinformerConfig.k)), n_k)
+        # With fewer keys than k, E[:, :n_k] still makes k slots: of rank <= n_k, but the
+        # softmax over them needs every one of their k scores.
+        k = int(options.get("k", LinformerConfig.k))
         sequence_projections = 2 * 2 * k * n_k * d_model  # E·K and F·V
         return (
             projection_flops(n_q, n_k, d_model)

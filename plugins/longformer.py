@@ -113,6 +113,9 @@ class LongformerAttention(AttentionVariant):
     )
     forward_kwargs = ("global_attention_mask",)
     suite_options = {"attention_window": 4, "global_tokens": (0,)}
+    # The reference scores every pair, twice (local and global projections), and masks;
+    # flops() is the band's and the global rows' pairs, which the fast path attends to.
+    flops_counted_path = "fast"
 
     @staticmethod
     def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: Any) -> float:

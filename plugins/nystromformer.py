@@ -97,12 +97,16 @@ class NystromAttention(AttentionVariant):
         dtypes=(torch.float32, torch.float64),
     )
     suite_options = {"num_landmarks": 4}  # fewer landmarks than most suite lengths
+    # flops() is F̃ (Ã⁺ (B̃ V)), the order of §3.3's linear cost, which the fast path takes;
+    # the reference forms F̃ Ã⁺ (Nq × m) first, m² more per query and head.
+    flops_counted_path = "fast"
 
     @staticmethod
     def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: object) -> float:
         m = min(int(options.get("num_landmarks", 64)), n_q, n_k)
         head_dim = d_model // num_heads
-        softmaxes = 2 * 2 * (n_q * m + m * m + m * n_k) * d_model  # products of F̃, Ã, B̃ and V
+        # Q K̃ᵀ and F̃ (Ã⁺ B̃ V); Q̃ K̃ᵀ; Q̃ Kᵀ and B̃ V.
+        softmaxes = 2 * 2 * (n_q * m + m * n_k) * d_model + 2 * m * m * d_model
         iterations = int(options.get("pinv_iterations", 6))
         pinv = iterations * 4 * 2 * m**3 * num_heads + 2 * m * m * head_dim * num_heads
         conv = 2 * n_k * d_model * int(options.get("conv_kernel_size", 0))

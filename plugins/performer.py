@@ -202,6 +202,9 @@ class PerformerAttention(AttentionVariant):
         dtypes=(torch.float32, torch.float64),
     )
     suite_options = {"nb_features": 12, "chunk_size": 12}  # several chunks, a partial one
+    # The reference forms the implied (Nq, Nk) weights; flops() is φ(Q) (φ(K)ᵀ V)'s cost.
+    flops_counted_path = "fast"
+    flops_uncounted = "the normaliser Σ φ(K_j), 2 per key and feature"
 
     @staticmethod
     def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: object) -> float:

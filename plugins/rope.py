@@ -49,6 +49,7 @@ class RopeAttention(playground.SoftmaxAttention):
     paper = "Su et al. 2021, RoFormer: Rotary Position Embedding, §3.4"
     Config = RopeConfig
     colour = "#8c564b"  # brown, in every figure
+    flops_uncounted = "the rotations of q and k, 3 per token and feature"
     encodes_positions = True  # the rotation replaces position embeddings (§3.4)
 
     @staticmethod

@@ -34,6 +34,8 @@ class SlidingWindowAttention(playground.SoftmaxAttention):
     Config = SlidingWindowConfig
     colour = "#17becf"  # cyan, in every figure
     suite_options = {**playground.SoftmaxAttention.suite_options, "window": 4}
+    # The reference scores every pair and masks; the fast path attends to the window only.
+    flops_counted_path = "fast"
 
     @staticmethod
     def flops(n_q, n_k, d_model, num_heads, window=512, **options):

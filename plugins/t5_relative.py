@@ -152,6 +152,7 @@ class T5RelativeAttention(AttentionVariant):
     # Blocks of 5 queries (a partial last block, causal key skipping) and buckets that
     # reach their log-spaced and clamped ranges within the suite's 16 tokens.
     suite_options = {"block_size": 5, "num_buckets": 8, "max_distance": 6}
+    flops_uncounted = "the bias added to every score, 1 per score"
 
     @staticmethod
     def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: object) -> float:

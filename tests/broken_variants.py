@@ -14,7 +14,7 @@ from torch import nn
 import playground
 from playground import AttentionOutput
 from playground.decoding import TokenCache
-from playground.heads import project_heads, project_output
+from playground.heads import project_heads, project_output, projection_flops
 from playground.masks import allowed_keys, empty_query_rows
 
 Vanilla = playground.get_variant("vanilla")
@@ -649,3 +649,24 @@ class DecodesDespiteDeclaringNot(DeclaresNoDecoding):
         output, state = self.prefill_state(prompt, attention_mask, max_length)
         state.bind(self, prompt, max_length, prompt.shape[1])
         return output, state
+
+
+class FlopsDoubled(Vanilla):
+    """Its flops() claims twice the work its forward does (every efficiency figure of it
+    would be twice too high)."""
+
+    name = "broken_flops_doubled"
+
+    @staticmethod
+    def flops(n_q, n_k, d_model, num_heads, **options):
+        return 2 * Vanilla.flops(n_q, n_k, d_model, num_heads, **options)
+
+
+class FlopsForgetValueProduct(Vanilla):
+    """Its flops() counts Q Kᵀ and forgets P V: the attention's share off by 2×."""
+
+    name = "broken_flops_forget_value_product"
+
+    @staticmethod
+    def flops(n_q, n_k, d_model, num_heads, **options):
+        return projection_flops(n_q, n_k, d_model) + 2 * n_q * n_k * d_model

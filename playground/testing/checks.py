@@ -35,6 +35,7 @@ from playground.testing.corners import (
     where,
 )
 from playground.testing.decoding import DECODING_CHECKS
+from playground.testing.flops import check_flops_match_the_counter
 from playground.testing.low_precision import LOW_PRECISION_CHECKS
 from playground.testing.properties import check_property_search
 from playground.testing.subject import LONG_LENGTH, MODES, Subject, describe
@@ -648,12 +649,18 @@ CHECKS: tuple[Callable[[Subject], None], ...] = (
     check_large_magnitude_inputs,
     check_undeclared_features_raise,
     check_rejects_malformed_inputs,
+    check_flops_match_the_counter,
     *DECODING_CHECKS,
     check_property_search,
 )
 """Every check, in the order they run."""
 
-IMPL_INDEPENDENT = {check_fast_matches_reference, *LOW_PRECISION_CHECKS}
-"""Checks that compare the two paths themselves, so they run once per variant."""
+IMPL_INDEPENDENT = {
+    check_fast_matches_reference,
+    *LOW_PRECISION_CHECKS,
+    check_flops_match_the_counter,
+}
+"""Checks that compare the two paths themselves, or choose their path or none (the
+FLOPs count runs the declared one), so they run once per variant."""
 
 __all__ = ["CHECKS", "IMPL_INDEPENDENT", "CheckFailed", "CheckSkipped", "Subject"]

@@ -89,6 +89,8 @@ def test_contract(case):
         (broken_variants.NegativeWeightsDeclaredNonnegative, "check_weights_sum_to_one"),
         (broken_variants.SumsSoftmaxInInputDtype, "check_bfloat16_error_within_naive"),
         (broken_variants.SumsSoftmaxInInputDtype, "check_float16_error_within_naive"),
+        (broken_variants.FlopsDoubled, "check_flops_match_the_counter"),
+        (broken_variants.FlopsForgetValueProduct, "check_flops_match_the_counter"),
     ],
     ids=lambda value: value if isinstance(value, str) else value.__name__,
 )

@@ -263,8 +263,9 @@ def test_flops_count_every_term_and_grow_linearly():
     assert flops(n, n, d, 8, k=k) == projections + 2 * 2 * k * n * d + 2 * 2 * n * k * d
     assert flops(2 * n, 2 * n, d, 8, k=k) == 2 * flops(n, n, d, 8, k=k)
     assert flops_exponent(playground.get_variant("linformer")) == pytest.approx(1.0)
-    # Shorter than k keys: E[:, :n] still has k rows, but only n_k of them are independent.
-    assert flops(16, 16, d, 8, k=k) == flops(16, 16, d, 8, k=16)
+    # Shorter than k keys: E[:, :n] still makes k slots, and the softmax needs all k scores
+    # (their rank, at most n, does not shorten it).
+    assert flops(16, 16, d, 8, k=k) == 4 * 2 * 16 * d * d + 2 * 2 * k * 16 * d + 2 * 2 * 16 * k * d
 
 
 def test_projections_start_as_fairseq_initialises_them():
