@@ -670,3 +670,13 @@ class FlopsForgetValueProduct(Vanilla):
     @staticmethod
     def flops(n_q, n_k, d_model, num_heads, **options):
         return projection_flops(n_q, n_k, d_model) + 2 * n_q * n_k * d_model
+
+
+class LearnedSummaryOfAMatrix(Vanilla):
+    """Its learned_summary() hands the report a matrix (a list of lists), which it cannot
+    draw: it must be flattened into one list of numbers."""
+
+    name = "broken_learned_summary_of_a_matrix"
+
+    def learned_summary(self):
+        return {"W^Q": self.q_proj.weight.detach()}

@@ -36,6 +36,7 @@ from playground.testing.corners import (
 )
 from playground.testing.decoding import DECODING_CHECKS
 from playground.testing.flops import check_flops_match_the_counter
+from playground.testing.hooks import check_learned_summary
 from playground.testing.low_precision import LOW_PRECISION_CHECKS
 from playground.testing.properties import check_property_search
 from playground.testing.subject import LONG_LENGTH, MODES, Subject, describe
@@ -650,6 +651,7 @@ CHECKS: tuple[Callable[[Subject], None], ...] = (
     check_undeclared_features_raise,
     check_rejects_malformed_inputs,
     check_flops_match_the_counter,
+    check_learned_summary,
     *DECODING_CHECKS,
     check_property_search,
 )
@@ -659,6 +661,7 @@ IMPL_INDEPENDENT = {
     check_fast_matches_reference,
     *LOW_PRECISION_CHECKS,
     check_flops_match_the_counter,
+    check_learned_summary,
 }
 """Checks that compare the two paths themselves, or choose their path or none (the
 FLOPs count runs the declared one), so they run once per variant."""

@@ -91,6 +91,7 @@ def test_contract(case):
         (broken_variants.SumsSoftmaxInInputDtype, "check_float16_error_within_naive"),
         (broken_variants.FlopsDoubled, "check_flops_match_the_counter"),
         (broken_variants.FlopsForgetValueProduct, "check_flops_match_the_counter"),
+        (broken_variants.LearnedSummaryOfAMatrix, "check_learned_summary"),
     ],
     ids=lambda value: value if isinstance(value, str) else value.__name__,
 )

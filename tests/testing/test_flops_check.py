@@ -1,7 +1,7 @@
 """The FLOPs check (playground/testing/flops.py): flops() against torch's FlopCounterMode
-over the declared path. The broken variants it must catch are in test_contract_suite.py's
-parametrised list; here the messages, the declarations and the counter's formula for the
-CPU flash kernel."""
+over the declared path, and the learned_summary check. The broken variants each check
+must catch are in test_contract_suite.py's parametrised list; here the messages, the
+declarations and the counter's formula for the CPU flash kernel."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import playground
 from playground.testing import check_attention
 from playground.testing.flops import COUNTED_ATTENTION, check_flops_match_the_counter
+from playground.testing.hooks import check_learned_summary
 from tests import broken_variants
 
 
@@ -102,3 +103,21 @@ def test_the_cpu_flash_kernel_is_counted_by_the_pairs_its_mask_allows():
     square = torch.randn(b, h, n_k, d)
     causal = _sdpa_flops(COUNTED_ATTENTION, square, k, v, is_causal=True)
     assert causal == 4 * b * h * (n_k * (n_k + 1) // 2) * d
+
+
+def test_a_junk_learned_summary_is_caught_naming_the_hook():
+    result = _only(broken_variants.LearnedSummaryOfAMatrix, check_learned_summary)
+    assert result.verdict == "failed"
+    assert result.reason.startswith("in eval mode: variant 'broken_learned_summary_of_a_matrix'")
+    assert "its learned_summary() hook returned 'W^Q'" in result.reason
+    assert "(flatten a matrix)" in result.reason
+
+
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [("alibi", {"learnable_slopes": True}), ("differential", {}), ("t5_relative", {})],
+)
+def test_shipped_learned_summaries_pass(name, options):
+    report = check_attention(name, checks=[check_learned_summary], options=options)
+    assert report.verdict_of("check_learned_summary") == "passed", report.results
+    assert playground.build(name, d_model=32, num_heads=4, **options).learned_summary()
