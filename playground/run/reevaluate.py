@@ -42,7 +42,7 @@ from playground.run.language import (
 from playground.run.measure import using_threads
 from playground.run.model_settings import build_model
 from playground.run.resume import resume
-from playground.run.store import ENV, EVALUATIONS, REJECTED, RunStore
+from playground.run.store import ENV, EVALUATIONS, REJECTED, ROWS, RunStore
 from playground.tasks import LanguageTask
 
 
@@ -197,6 +197,13 @@ def evaluate_again(
     written = 0
     command = f"`playground eval {store.directory} --eval-lengths {','.join(map(str, lengths))}`"
     with store.lock(then=command), using_threads(threads):
+        cut = store.set_aside_cut_line()  # under the lock: no writer is mid-line now
+        if cut is not None:
+            announce(
+                f"{store.path(ROWS)} line {cut.number} was cut short (a crash while it was "
+                f"written); it is set aside in {REJECTED}, and `playground run --resume "
+                f"{store.directory}` measures its row again"
+            )
         corpora: dict[str, str] = {}
         for earlier in store.rows():
             corpus_conflict(earlier, corpora)

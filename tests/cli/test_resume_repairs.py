@@ -166,3 +166,14 @@ def test_a_resume_with_cells_to_run_builds_them_first(tmp_path, monkeypatch, cap
     monkeypatch.setattr(native, "build_state", lambda: builds.append(1))
     assert main(["run", "--resume", str(run_dir), "--accuracy-workers", "1"]) == 0
     assert builds  # asked for; a build happens on the first ask only
+
+
+def test_eval_after_a_crash_says_it_set_the_cut_line_aside(run_dir, capsys):
+    lost = cut_last_line(run_dir)
+    capsys.readouterr()
+    assert main(["eval", str(run_dir), "--eval-lengths", str(8 * L)]) == 0
+    out = said(capsys)
+    assert "line 3 was cut short (a crash while it was written)" in out
+    assert f"`playground run --resume {run_dir}` measures its row again" in out
+    assert main(["run", "--resume", str(run_dir)]) == 0
+    assert lost in cells(run_dir) and f"|eval_len={8 * L}" in cells(run_dir)[2]
