@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
 import functools
 import inspect
 import textwrap
@@ -143,8 +144,12 @@ def build_config(
     unknown = sorted(set(options) - set(types_by_name))
     if unknown:
         hint = f" (see `playground info {name}`)" if kind == "variant" else ""
+        nearest = {u: difflib.get_close_matches(u, list(types_by_name), n=1) for u in unknown}
+        named = ", ".join(
+            repr(u) + (f" (did you mean {nearest[u][0]!r}?)" if nearest[u] else "") for u in unknown
+        )
         raise ConfigError(
-            f"{owner} has no option {', '.join(repr(u) for u in unknown)}; "
+            f"{owner} has no option {named}; "
             f"valid options: {', '.join(types_by_name) or '(none)'}{hint}"
         )
     values = {}

@@ -335,7 +335,8 @@ def baseline_note(lines: list[Line]) -> str | None:
         return None
     return (
         f"no speed-ups: the spec's baseline {missing!r} was not run (not among the variants "
-        f"measured, or no timed row of it); add it to --variants to compare against it"
+        "measured, or no timed row of it); run without --no-baseline, or name it in "
+        "--variants, to compare against it"
     )
 
 

@@ -152,6 +152,7 @@ def test_split_drops_train_examples_that_repeat_test_ones() -> None:
         (MQAR, {"seq_len": 10, "num_pairs": 4}, "3 × num_pairs"),
         (MQAR, {"query_placement": "middle"}, "must be one of"),
         (MQAR, {"pairs": 4}, "has no option 'pairs'"),
+        (MQAR, {"num_pair": 4}, r"has no option 'num_pair' \(did you mean 'num_pairs'\?\)"),
         (MQAR, {"seq_len": "64"}, "must be an integer"),
         (ListOps, {"min_length": 50, "max_length": 20}, "min_length <= max_length"),
         (Lookback, {"offset": 64}, "offset must be between"),
