@@ -255,8 +255,11 @@ def _exact_flat_index(builder: Builder, table: torch.Tensor, indices: tuple) -> 
         bounds = bounds_of(value)
         if bounds is None or bounds[0] < 0 or bounds[1] >= size:
             return None
+    # The strides of the row-major copy the builder gathers from (`table_number`), not the
+    # table's own: a transposed, permuted or sliced view has other strides.
+    strides = [math.prod(table.shape[position + 1 :]) for position in range(table.dim())]
     flat: Any = 0
-    for value, stride in zip(values, table.stride(), strict=True):
+    for value, stride in zip(values, strides, strict=True):
         term = value if stride == 1 else exact_integer_op(builder, "MUL", value, stride)
         flat = (
             term

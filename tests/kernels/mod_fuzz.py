@@ -47,7 +47,7 @@ BIG = ("2**53 + 1", "(2**53 + 1)", "(2**24 + 1)", "2**62 + 3", "-(2**53 + 1)")
 REQUIRED_FEATURES = {
     "keyword", "cast", "large constant", "table read twice", "tie", "abs at 0",
     "sqrt at 0", "attribute changed", "per-batch state changed", "causal", "cross", "padded",
-    "float64",
+    "float64", "table through a view",
 }  # fmt: skip
 
 
@@ -99,6 +99,8 @@ class Grammar:
             f"self.slopes[h] * {i}", f"self.steps[h] * {i}", f"({i}).float() * 0.25",
             f"self.table[h, ({i}).clamp(0, {TABLE - 1})]", f"self.table[h, ({i}) % {TABLE}]",
             "self.key_table[kv]", "self.key_table[q]",
+            f"self.stored_by_key.t()[h, ({i}).clamp(0, {TABLE - 1})]",
+            f"self.wide[:, ::2][h, ({i}).clamp(0, {TABLE - 1})]",
             f"torch.where(q >= kv, self.table[h, (q - kv).clamp(0, {TABLE - 1})], "
             f"self.table[h, (kv - q).clamp(0, {TABLE - 1})])",
             f"torch.maximum(self.slopes[h] * {i}, self.twin[h] * {i})",
@@ -126,6 +128,7 @@ class Grammar:
             "other=": "keyword", "alpha=": "keyword", ").where(": "keyword", "self.twin": "tie",
             ", -2.0, 2.0)": "tie", "torch.sqrt(torch.abs(": "sqrt at 0", ").abs()": "abs at 0",
             "self.table[h, (kv - q)": "table read twice", "self.doc": "per-batch state changed",
+            ".t()[h": "table through a view", "[:, ::2][h": "table through a view",
         }  # fmt: skip
         self.features |= {tag for key, tag in tags.items() if key in source}
 
@@ -184,6 +187,11 @@ class FuzzedBase(SoftmaxAttention):
         self.steps = torch.nn.Parameter(steps)
         self.table = torch.nn.Parameter(0.5 * torch.randn(HEADS, TABLE, generator=generator))
         self.key_table = torch.nn.Parameter(0.5 * torch.randn(LONGEST, generator=generator))
+        # Tables read through views whose strides are not the row-major copy's.
+        self.stored_by_key = torch.nn.Parameter(
+            0.5 * torch.randn(TABLE, HEADS, generator=generator)
+        )
+        self.wide = torch.nn.Parameter(0.5 * torch.randn(HEADS, 2 * TABLE, generator=generator))
         self.register_buffer("doc", torch.zeros(BATCH, LONGEST, dtype=torch.long))
         self.flag, self.cap, self.window, self.doc_mask = False, 2.0, 3, False
         self.change_state(generator)

@@ -279,6 +279,12 @@ LEARNED = {
     "abs at 0, where with equal branches": lambda m: lambda s, b, h, q, kv: s
     - (m.steps[h] * (q - kv)).abs()
     + torch.where(q >= kv, m.slopes[h] * 0.5, m.slopes[h] * 0.5),
+    # Found by review after issue 42: a table read through a transposed or sliced view was
+    # indexed with the view's strides on the row-major copy the program gathers from
+    # (output error 0.18, out-of-bounds reads and writes for the slice).
+    "a table read through a transposed and a sliced view": lambda m: lambda s, b, h, q, kv: s
+    + m.relative.t()[(q - kv).clamp(0, 7), h]
+    + m.table[:, ::2, 1][h, (kv - q).clamp(0, 3)],
     "keyword arguments: other= and alpha=": lambda m: lambda s, b, h, q, kv: torch.add(
         s, other=torch.sub(m.per_key[kv], m.slopes[h] * (q - kv).abs(), alpha=0.5), alpha=2
     ),
