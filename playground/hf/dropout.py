@@ -19,12 +19,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 import warnings
-from typing import Any
+from typing import Any, cast
 
 import torch
+from torch import nn
 
 from playground.contract import AttentionVariant
-from playground.heads import project_heads, project_output
+from playground.heads import project_output, split_heads
 from playground.masks import allowed_keys, empty_query_rows
 
 OPTION_NAME = "dropout"
@@ -109,7 +110,15 @@ def heads_forward(
     """The variant's forward on hidden (B, N, d_model) as its projections around
     `attend_heads` (B, N, d_model), attention weights dropped with probability `dropout`;
     `real` (B, N) bool, the real tokens (None: all)."""
-    q, k, v = project_heads(variant, hidden, hidden, hidden)  # (B, H, N, d)
+    # Keys and values in as many heads as their projections give: grouped ones (fewer
+    # key/value heads than query heads) reach attend_heads as HF's own grouped heads do.
+    q_proj, k_proj, v_proj = (
+        cast(nn.Linear, getattr(variant, name)) for name in ("q_proj", "k_proj", "v_proj")
+    )
+    q = split_heads(q_proj(hidden), variant.num_heads)  # (B, H, N, d)
+    kv_heads = k_proj.out_features // variant.head_dim
+    k = split_heads(k_proj(hidden), kv_heads)  # (B, H_kv, N, d)
+    v = split_heads(v_proj(hidden), kv_heads)
     n = hidden.shape[1]
     allowed = allowed_keys(real, n, n, is_causal, hidden.device)  # (B, 1, N, N)
     positions = torch.arange(n, device=hidden.device)

@@ -5,6 +5,7 @@ report says which."""
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -79,6 +80,21 @@ def test_a_variant_without_the_option_drops_through_its_heads():
     ids = tokens(2, 8)
     ours(ids, labels=ids).loss.backward()
     assert all(p.grad is not None for p in ours.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize(("model_class", "config"), MODELS.values(), ids=MODELS)
+def test_grouped_key_value_heads_drop_through_their_heads(model_class, config):
+    """Found by review: the probe split gqa's keys and values into as many heads as its
+    queries, failed on the shapes, and the swap warned, quoting that shape error, that gqa
+    could not drop (its outputs varied by 0 in training). Its grouped heads reach
+    attend_heads as HF's do, which drops."""
+    model = build(model_class, config, "sdpa")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "not applied" warning
+        report = playground.hf.swap_attention(model, "gqa")
+    assert "through its attention on projected heads" in str(report)
+    first, second, real = two_calls(model)
+    assert (first - second)[real].abs().max() > 1e-2
 
 
 def test_alibi_in_gpt2_varies_in_training_and_not_in_eval():
