@@ -405,7 +405,7 @@ class RunStore:
             reason = "does not hold a state dict of tensors"
         raise DamagedRun(
             f"{path} {reason}; restore it, or train that cell again (a new run with "
-            f"save_weights = true) to evaluate it at new lengths"
+            f"save_weights = true) to use its model"
         )
 
     def write_json(self, name: str, data: dict[str, Any]) -> None:
