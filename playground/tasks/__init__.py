@@ -8,8 +8,11 @@ plugin module registers it like a variant:
         register(MyTask)
 
 Every task emits integer tokens with 0 reserved for padding, and either one label per
-token (`target = "token"`, −100 where nothing is asked) or one label per sequence
-(`target = "sequence"`). `split()` gives disjoint train and test sets from one seed.
+token (`target = "token"`, −100 where nothing is asked), one label per sequence
+(`target = "sequence"`), or one label per token read out of the last position alone
+(`target = "token_from_last"`, an autoencoder's bottleneck). `split()` gives disjoint
+train and test sets from one seed; a task may train on other labels (or other examples)
+than it is scored on (`generate_training`).
 
 A task is scored by its `metric`: "accuracy" (the synthetic tasks), or "bits_per_byte" for
 a `LanguageTask`: next-byte prediction on real text, where every byte value is a token (no
@@ -26,6 +29,16 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from playground.config import build_config
+
+TargetName = Literal["token", "sequence", "token_from_last"]
+"""What a task labels, and so the head a model reads it with:
+- "token": a label per position, predicted from that position's hidden state;
+- "sequence": one label per sequence (from position 0 or the mean, the model's pooling);
+- "token_from_last": a label per position, every one decoded from the last position's
+  hidden state alone plus a fixed encoding of the position asked for, so everything the
+  labels need must pass through that one vector (the autoencoder of MAD's compression
+  task, Poli et al. 2024, arXiv 2403.17844, §3.1 and mad-lab's mad/model/auto_encoder.py).
+"""
 
 IGNORE = -100
 """Label of a position that is not scored (PyTorch's cross-entropy `ignore_index`)."""
@@ -70,8 +83,9 @@ class Task:
     paper: ClassVar[str]
     """Where the task comes from."""
     Options: ClassVar[type[TaskOptions]] = TaskOptions
-    target: ClassVar[Literal["token", "sequence"]] = "token"
-    """One label per position ("token") or per sequence ("sequence")."""
+    target: ClassVar[TargetName] = "token"
+    """One label per position ("token"), per sequence ("sequence"), or per position read
+    out of the last position alone ("token_from_last"); see TargetName."""
     needs_causal: ClassVar[bool] = False
     """Whether the task must be run with `is_causal=True` (MQAR with causal=True)."""
     pads: ClassVar[bool] = False
@@ -126,28 +140,43 @@ class Task:
         """`num_examples` examples, the same for the same seed on every machine."""
         raise NotImplementedError
 
+    def generate_training(self, num_examples: int, seed: int) -> TaskData:
+        """Training examples, labelled as the model learns from them. Default: `generate`'s,
+        the same format as the held-out set. A task overrides it when training differs
+        from scoring: MAD's recall tasks (Poli et al. 2024) train on every next token but
+        score only the recalled values, and fuzzy recall trains on keys of every size."""
+        return self.generate(num_examples, seed)
+
     # --- splits -----------------------------------------------------------------
     def split(
         self, seed: int, num_train: int | None = None, num_test: int | None = None
     ) -> tuple[TaskData, TaskData]:
-        """Train and test sets for `seed`, with no test example (tokens and labels) also in
-        train: the two come from different generator streams and any train example that
-        repeats a test one is dropped (the train set may therefore be slightly smaller)."""
+        """Train and test sets for `seed`, with no test input also in train: the two come
+        from different generator streams (train from `generate_training`, test from
+        `generate`) and any train example whose tokens repeat a test example's is dropped,
+        whatever its labels (the train set may therefore be slightly smaller)."""
         num_train = self.num_train if num_train is None else num_train
         num_test = self.num_test if num_test is None else num_test
         test = self.generate(num_test, seed=2 * seed + 1)
-        train = self.generate(num_train, seed=2 * seed)
-        seen = set(example_fingerprints(test))
-        keep = torch.tensor([f not in seen for f in example_fingerprints(train)], dtype=torch.bool)
+        train = self.generate_training(num_train, seed=2 * seed)
+        seen = set(example_fingerprints(test, labels=False))
+        keep = torch.tensor(
+            [f not in seen for f in example_fingerprints(train, labels=False)], dtype=torch.bool
+        )
         return train.select(keep), test
 
 
-def example_fingerprints(data: TaskData) -> list[bytes]:
-    """One digest per example of its tokens and labels (equal examples, equal digests)."""
-    labels = data.labels.reshape(len(data), -1)
+def example_fingerprints(data: TaskData, *, labels: bool = True) -> list[bytes]:
+    """One digest per example of its tokens and (with `labels`) its labels: equal
+    examples, equal digests. Without labels, equal inputs (a train example labelled for
+    training repeats a test input whatever the two sets' labels)."""
+    rows = data.labels.reshape(len(data), -1)
     return [
-        hashlib.blake2b(tokens.numpy().tobytes() + label.numpy().tobytes(), digest_size=16).digest()
-        for tokens, label in zip(data.tokens, labels, strict=True)
+        hashlib.blake2b(
+            tokens.numpy().tobytes() + (label.numpy().tobytes() if labels else b""),
+            digest_size=16,
+        ).digest()
+        for tokens, label in zip(data.tokens, rows, strict=True)
     ]
 
 
