@@ -11,10 +11,17 @@ Across layers the model shares what each variant's paper shares, through the var
 layerwise projection, Wang et al. 2020 §4); a length-sized option the user left unset is
 fitted to the task's length by the variant's `fit_options`.
 
-Heads: per-token classification (`target="token"`, logits at every position) or
+Heads: per-token classification (`target="token"`, logits at every position),
 whole-sequence classification (`target="sequence"`) from the first position (a [CLS]
 token, made global through the variant's `global_token_arguments`) or from the mean over
-real tokens.
+real tokens, or every position decoded from the last position alone
+(`target="token_from_last"`): the autoencoder of MAD's compression task (Poli et al. 2024,
+arXiv 2403.17844, §3.1; mad-lab's mad/model/auto_encoder.py:53-125, global_pool="last").
+The encoder is this stack; its state at the last position, plus a fixed sinusoidal
+encoding of the position asked for, goes through a small MLP (LayerNorm, Linear, GELU,
+twice, then LayerNorm) and the head, so nothing else of the input reaches the logits.
+MAD's position table is fairseq's (sines then cosines); this one interleaves them
+(§3.5), the same family up to a channel order the decoder's first layer absorbs.
 
 A causal token-target model decodes incrementally (`prefill`, then `decode_step`): each
 layer's attention keeps its own decoding state, a new token gets the positional encoding
@@ -41,6 +48,7 @@ from playground.decoding import DecodingState, left_aligned, shifted
 from playground.errors import ConfigError, UnsupportedFeature
 from playground.model.linear_layers import use_fast_linears
 from playground.registry import Registry
+from playground.tasks import TargetName
 
 PositionalEncodingName = Literal["auto", "sinusoidal", "none"]
 ArchitectureName = Literal["playground", "hf_llama"]
@@ -79,7 +87,9 @@ class ModelConfig:
     share_across_layers: bool = True
     """Share T5's bias table across layers, and Linformer's projection when its
     sharing="layerwise", as the papers do."""
-    target: Literal["token", "sequence"] = "token"
+    target: TargetName = "token"
+    """What the head reads (playground.tasks.TargetName): "token_from_last" adds the
+    decoder that reads every position out of the last one (module docstring)."""
     causal: bool = False
     """Every layer attends with `is_causal=True` (position i sees positions <= i)."""
     pooling: Literal["first", "mean"] = "first"
@@ -187,6 +197,8 @@ def share_across_layers(layers: list[AttentionVariant]) -> list[str]:
 class TransformerClassifier(nn.Module):
     """Embedding → positional encoding → N encoder layers → LayerNorm → classifier."""
 
+    decoder_positions: torch.Tensor  # (max_seq_len, d_model), target "token_from_last" only
+
     def __init__(self, config: ModelConfig, registry: Registry) -> None:
         super().__init__()
         self.config = config
@@ -220,6 +232,16 @@ class TransformerClassifier(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(a, config) for a in attentions)
         self.final_norm = nn.LayerNorm(config.d_model)
         self.head = nn.Linear(config.d_model, config.num_classes)
+        if config.target == "token_from_last":  # MAD's decoder: auto_encoder.py:62-72
+            d = config.d_model
+            self.decoder = nn.Sequential(  # then the head, MAD's unembedding
+                *(nn.LayerNorm(d), nn.Linear(d, d), nn.GELU()),
+                *(nn.LayerNorm(d), nn.Linear(d, d), nn.GELU()),
+                nn.LayerNorm(d),
+            )
+            self.register_buffer(
+                "decoder_positions", sinusoids(config.max_seq_len, d), persistent=False
+            )
         # A sequence classified from position 0 makes that position global where the
         # variant has global attention (Longformer §3.1: [CLS] is global for classification).
         self.global_first_token = config.target == "sequence" and config.pooling == "first"
@@ -245,7 +267,7 @@ class TransformerClassifier(nn.Module):
         """tokens (B, L) int64; attention_mask (B, L) bool, True = real token, or None.
 
         Returns logits (B, L, num_classes) for a token target, (B, num_classes) for a
-        sequence target. `positions` (B, L) bool, token target only: the positions whose
+        sequence target. `positions` (B, L) bool, per-token targets only: the positions whose
         logits are wanted (the scored ones in training); returns their (P, num_classes),
         in row-major order, the same values the full output holds there.
 
@@ -263,17 +285,20 @@ class TransformerClassifier(nn.Module):
         for layer in self.layers[:-1]:
             x = layer(x, attention_mask, extra)
         x = self._encoder_layers[-1].attend(x, attention_mask, extra)  # (B, L, d_model)
+        if positions is not None:
+            if self.config.target == "sequence":
+                raise ConfigError("positions selects tokens: give it for a token target only")
+            if positions.shape != tokens.shape or positions.dtype != torch.bool:
+                raise ConfigError(
+                    f"positions must be a bool mask shaped like tokens {tuple(tokens.shape)};"
+                    f" got {positions.dtype} {tuple(positions.shape)}"
+                )
+        if self.config.target == "token_from_last":
+            return self._decoded_from_last(x, attention_mask, positions)
         if self.config.target == "token":
             if positions is not None:
-                if positions.shape != tokens.shape or positions.dtype != torch.bool:
-                    raise ConfigError(
-                        f"positions must be a bool mask shaped like tokens {tuple(tokens.shape)};"
-                        f" got {positions.dtype} {tuple(positions.shape)}"
-                    )
                 x = x[positions]  # (P, d_model)
             return self.head(self._read_out(x))  # (B, L, C) | (P, C)
-        if positions is not None:
-            raise ConfigError("positions selects tokens: give it for a token target only")
         if self.config.pooling == "first":
             return self.head(self._read_out(x[:, 0]))  # (B, C): the only position read out
         x = self._read_out(x)  # (B, L, d_model)
@@ -339,6 +364,27 @@ class TransformerClassifier(nn.Module):
         if self.positional_encoding is not None:
             x = self.positional_encoding(x, offset)
         return self.embedding_dropout(x)
+
+    def _decoded_from_last(
+        self, x: torch.Tensor, attention_mask: torch.Tensor | None, positions: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Target "token_from_last": logits (B, L, C), or (P, C) at `positions`, each from
+        the last real position's state and the sinusoid of the position asked for."""
+        batch, length = x.shape[:2]
+        last = torch.full((batch,), length - 1, device=x.device)  # (B,)
+        if attention_mask is not None:  # the last real token, wherever the padding is
+            last = last - attention_mask.flip(1).int().argmax(dim=1)
+        encoding = self._read_out(x[torch.arange(batch, device=x.device), last])  # (B, d_model)
+        table = self.decoder_positions
+        if length > table.shape[0]:  # longer than the model was built for: the same formula
+            table = sinusoids(length, x.shape[-1])
+        table = table[:length].to(x.device, x.dtype)  # (L, d_model)
+        if positions is None:
+            decoded = encoding[:, None] + table  # (B, L, d_model)
+        else:  # row-major, as x[positions] orders them
+            rows, columns = positions.nonzero(as_tuple=True)
+            decoded = encoding[rows] + table[columns]  # (P, d_model)
+        return self.head(self.decoder(decoded))
 
     def _read_out(self, x: torch.Tensor) -> torch.Tensor:
         """The last feed-forward sublayer and the final norm, on the rows (…, d_model)."""
