@@ -55,9 +55,12 @@ class Evaluation:
     length: int
 
 
-def trained_rows(store: RunStore) -> list[dict[str, Any]]:
-    """The language cells' rows at their training length that kept weights; PlaygroundError
-    saying how to keep them when the run has language cells but none kept any."""
+def trained_rows(
+    store: RunStore, command: str = "eval", purpose: str = "scores the models such a run trained"
+) -> list[dict[str, Any]]:
+    """The language cells' rows at their training length that kept weights, for
+    `playground COMMAND` (which `purpose`); PlaygroundError saying what to do when the run
+    has no language cells, or none kept its weights."""
     rows = [
         row
         for row in store.rows()
@@ -66,15 +69,15 @@ def trained_rows(store: RunStore) -> list[dict[str, Any]]:
     ]
     if not rows:
         raise PlaygroundError(
-            f"{store.directory} has no language-modelling rows to evaluate again (a task "
-            f"like lm); `playground eval` scores the models such a run trained"
+            f"{store.directory} has no language-model cells (a task like lm); "
+            f"`playground {command}` {purpose}"
         )
     kept = [row for row in rows if row.get("weights") and row.get("status") == "ok"]
     if not kept:
         raise PlaygroundError(
-            f"{store.directory} kept no trained weights, so its models cannot be evaluated "
-            f"again; run the spec with save_weights = true (or --save-weights), then "
-            f"`playground eval` that run"
+            f"{store.directory} kept no trained weights, so `playground {command}` has no "
+            f"model to use; run the spec with save_weights = true (the spec key; or "
+            f"--save-weights), then `playground {command}` that run"
         )
     return kept
 

@@ -23,12 +23,11 @@ from typing import Any
 
 import torch
 
-from playground.errors import ConfigError, PlaygroundError
+from playground.errors import ConfigError
 from playground.model.sampling import generate
 from playground.registry import Registry
-from playground.run.reevaluate import models
+from playground.run.reevaluate import models, trained_rows
 from playground.run.resume import resume
-from playground.run.store import RunStore
 
 
 @dataclass(frozen=True)
@@ -45,30 +44,6 @@ class Sample:
     left_out: int
     """Bytes at the front of the prompt left out (beyond the training length)."""
     continuation: bytes
-
-
-def language_rows(store: RunStore) -> list[dict[str, Any]]:
-    """The run's language cells at their training length that trained and kept weights;
-    PlaygroundError saying what to do when there are none."""
-    rows = [
-        row
-        for row in store.rows()
-        if row.get("metric") == "bits_per_byte"
-        and row.get("eval_length") == row.get("train_length")
-    ]
-    if not rows:
-        raise PlaygroundError(
-            f"{store.directory} has no language-model cells (a task like lm): `playground "
-            f"sample` continues text with the byte-level models such a run trains"
-        )
-    kept = [row for row in rows if row.get("status") == "ok" and row.get("weights")]
-    if not kept:
-        raise PlaygroundError(
-            f"{store.directory} kept no trained weights, so it has no model to sample from; "
-            f"run the spec with save_weights = true (the spec key; or --save-weights), then "
-            f"`playground sample` that run"
-        )
-    return kept
 
 
 def chosen_rows(
@@ -127,7 +102,13 @@ def samples(
     resumed = resume(directory, registry, plugins_dirs)
     store, spec = resumed.store, resumed.spec
     made = []
-    for row in chosen_rows(language_rows(store), variant, cell):
+    for row in chosen_rows(
+        trained_rows(
+            store, "sample", "continues text with the byte-level models such a run trains"
+        ),
+        variant,
+        cell,
+    ):
         one_seed = kept_seed(row, seed)
         for trained_seed, model in models(
             store, resumed.registry, one_seed, device, spec.torch_dtype
