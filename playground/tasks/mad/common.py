@@ -43,6 +43,19 @@ class MADOptions(TaskOptions):
         require_positive(self, "vocab_size", "seq_len", "num_train_examples", "num_test_examples")
 
 
+@dataclass(frozen=True)
+class RecallOptions(MADOptions):
+    """The recall tasks' options: they train on next tokens, so they need causal attention."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.causal:
+            raise ValueError(
+                "causal must be True: recall trains on next tokens (MAD's setting), which a "
+                "model that sees the following position reads off instead of recalling"
+            )
+
+
 class MADTask(Task):
     """Base of the MAD tasks: sizes from the options, the shifted vocabulary, and a CPU
     budget.

@@ -41,11 +41,11 @@ from dataclasses import dataclass
 import torch
 
 from playground.tasks import IGNORE, PAD, TaskData
-from playground.tasks.mad.common import SHIFT, MADOptions, MADTask, next_token_labels
+from playground.tasks.mad.common import SHIFT, MADTask, RecallOptions, next_token_labels
 
 
 @dataclass(frozen=True)
-class FuzzyInContextRecallOptions(MADOptions):
+class FuzzyInContextRecallOptions(RecallOptions):
     vocab_size: int = 16
     """MAD's V: the pad token, then the V − 1 others split into key and value halves
     (instances.py:222-227; fuzzy-in-context-recall.yml:2; sweep 32, 64, 128)."""
@@ -59,11 +59,6 @@ class FuzzyInContextRecallOptions(MADOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.causal:
-            raise ValueError(
-                "causal must be True: recall trains on next tokens (MAD's setting), which a "
-                "model that sees the following position reads off instead of recalling"
-            )
         if self.k_motif_size < 1 or self.v_motif_size < 1:
             raise ValueError("k_motif_size and v_motif_size must be positive integers")
         keys = (self.vocab_size - 1) // 2

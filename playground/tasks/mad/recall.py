@@ -38,11 +38,11 @@ import torch
 
 from playground.config import require_range
 from playground.tasks import IGNORE, TaskData
-from playground.tasks.mad.common import SHIFT, MADOptions, MADTask, next_token_labels
+from playground.tasks.mad.common import SHIFT, MADTask, RecallOptions, next_token_labels
 
 
 @dataclass(frozen=True)
-class InContextRecallOptions(MADOptions):
+class InContextRecallOptions(RecallOptions):
     vocab_size: int = 16
     """MAD's V: keys are the lower half of the V − noise_vocab_size non-noise tokens,
     values the upper half (instances.py:63-73; in-context-recall.yml:2; sweep 32, 64,
@@ -57,11 +57,6 @@ class InContextRecallOptions(MADOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.causal:
-            raise ValueError(
-                "causal must be True: recall trains on next tokens (MAD's setting), which a "
-                "model that sees the following position reads off instead of recalling"
-            )
         if self.seq_len < 4 or self.seq_len % 2:
             raise ValueError(f"seq_len must be even and at least 4; got {self.seq_len}")
         require_range(self, "frac_noise", 0.0, 1.0)
