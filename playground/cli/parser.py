@@ -11,6 +11,7 @@ from playground.cli.runs import (
     command_plot,
     command_repair,
     command_run,
+    command_verdict,
 )
 from playground.cli.samples import command_sample
 from playground.cli.variants import (
@@ -251,4 +252,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="plot the history of saved pytest-benchmark runs (RUN_DIR defaults to .benchmarks)",
     )
     plot.set_defaults(handler=command_plot)
+
+    verdict = commands.add_parser(
+        "verdict",
+        parents=[common],
+        help="each setup against the baseline on every quality metric: difference, 95%% "
+        "interval, better/worse/indistinguishable, cost (also written to verdict.csv)",
+    )
+    verdict.add_argument("run_dir", metavar="RUN_DIR", help="results/<experiment>/<timestamp>")
+    verdict.add_argument(
+        "--baseline", metavar="NAME", help="the setup to compare with (default: the spec's)"
+    )
+    verdict.set_defaults(handler=command_verdict)
     return parser

@@ -15,8 +15,9 @@ from playground.registry import Registry
 from playground.report.bench_history import HISTORY_FIGURE, plot_history
 from playground.report.pages import write_report
 from playground.report.plots import plot_run
-from playground.report.summary import write_summary
+from playground.report.summary import spec_baseline, write_summary
 from playground.report.tables import print_accuracy, print_language, print_nodes, print_summary
+from playground.report.verdict import VERDICT, print_verdicts, run_verdicts
 from playground.run.cells import pending_cells, plan
 from playground.run.context import Executor
 from playground.run.executors import executor_for
@@ -76,6 +77,7 @@ def _execute(registry: Registry, store: RunStore, spec, overrides: dict, executo
         print_accuracy(store.rows(), console)
         print_language(store.rows(), console)
         print_nodes(store.rows(), console)
+        _print_verdict(store, runner.spec.baseline)
         if store.rows():
             _plot_and_report(registry, store.directory, None, ("png",))
     except KeyboardInterrupt:
@@ -248,6 +250,28 @@ def command_eval(registry: Registry, arguments: argparse.Namespace) -> int:
     write_summary(store)
     print_language(store.rows(), console)
     _plot_and_report(registry, store.directory, None, ("png",))
+    return 0
+
+
+def _print_verdict(store: RunStore, baseline: str | None) -> None:
+    """The scorecard at the end of a run with quality rows; a note instead of a failure when
+    it has no baseline to compare with (the run's own tables stand)."""
+    try:
+        found = run_verdicts(store, baseline)
+    except PlaygroundError as exc:
+        console.print(f"[yellow]no verdict[/yellow]: {escape(str(exc))}", soft_wrap=True)
+        return
+    print_verdicts(found, baseline or spec_baseline(store) or "?", console)
+
+
+def command_verdict(registry: Registry, arguments: argparse.Namespace) -> int:
+    store = RunStore.existing(arguments.run_dir)
+    found = run_verdicts(store, arguments.baseline)
+    if not found:
+        console.print("no quality rows (accuracy or bits per byte) to judge in this run")
+        return 0
+    print_verdicts(found, arguments.baseline or spec_baseline(store) or "?", console)
+    console.print(f"written: {escape(str(store.path(VERDICT)))}", soft_wrap=True)
     return 0
 
 

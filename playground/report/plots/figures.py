@@ -17,6 +17,7 @@ from playground.report.plots.language import extrapolation_figure, language_cost
 from playground.report.plots.patterns import attention_pattern_figure, relative_bias_figure
 from playground.report.plots.scaling import METRICS, scaling_figure
 from playground.report.plots.style import FORMATS, assign_colours, save
+from playground.report.plots.verdict import scorecard_figure
 
 FIGURES_DIR = "figures"
 """Where plot_run writes by default: <run_dir>/figures/."""
@@ -35,6 +36,7 @@ def draw_figures(run: RunData, registry: Registry | None = None) -> dict[str, Fi
     if run.language:
         made["lm_extrapolation"] = _drawn("lm_extrapolation", lambda: extrapolation_figure(run))
         made["lm_cost"] = _drawn("lm_cost", lambda: language_cost_figure(run))
+    made["scorecard"] = _drawn("scorecard", lambda: scorecard_figure(run))
     made["attention_patterns"] = _drawn(
         "attention_patterns", lambda: attention_pattern_figure(run, registry)
     )
