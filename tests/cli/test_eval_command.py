@@ -119,7 +119,9 @@ def test_a_run_without_weights_and_a_missing_run_are_one_line_errors(tmp_path, c
     run_dir = train(tmp_path)
     capsys.readouterr()
     assert main(["eval", str(run_dir), "--eval-lengths", f"{4 * L}"]) != 0
-    assert "save_weights = true (the spec key; or --save-weights)" in " ".join(one_line_error(capsys).split())
+    assert "save_weights = true (the spec key; or --save-weights)" in " ".join(
+        one_line_error(capsys).split()
+    )
     missing = tmp_path / "results" / "lm_cli" / "nothing-here"
     assert main(["eval", str(missing), "--eval-lengths", f"{4 * L}"]) != 0
     assert "nothing-here" in one_line_error(capsys)
