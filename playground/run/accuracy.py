@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -267,6 +268,9 @@ class SeedResult:
     """The trained model's state dict, on the CPU, when the job keeps weights."""
     learned: dict[str, dict[str, float | list[float]]] = dataclasses.field(default_factory=dict)
     """Each attention layer's `learned_summary()` after training (layers with none left out)."""
+    validation: float | None = None
+    """The score on the task's validation split (accuracy, or a language task's bits per
+    byte at its training length): what a sweep chooses its grid point by."""
 
 
 def train_seed(
@@ -320,9 +324,12 @@ def train_seed(
             tokens_per_s=positions / max(result.train_time_s, 1e-9),
             device=job.device,
         )
-        return dataclasses.replace(trained, language=language)
+        return dataclasses.replace(
+            trained, language=language, validation=language.validation_bits_per_byte
+        )
     return dataclasses.replace(
         trained,
+        validation=evaluate(model, task.validation_split(seed), device=job.device),
         accuracy=evaluate(model, test_data, device=job.device),
         majority=majority_rate(test_data),
         scored=int((test_data.labels != IGNORE).sum()),
@@ -352,6 +359,7 @@ def row_fields(
     }
     if any(result.learned for result in results):  # per seed, in the order of "seeds"
         common["learned_per_seed"] = [result.learned for result in results]
+    common.update(validation_fields(prepared.task, results))
 
     def identity(task: Task) -> dict[str, Any]:
         """Which task the row scores, labelled with the model settings it trained with."""
@@ -419,3 +427,19 @@ def row_fields(
             for index, (task, training) in enumerate(prepared.stages)
         ]
     return fields
+
+
+def validation_fields(task: Task, results: Sequence[SeedResult]) -> dict[str, Any]:
+    """The seeds' scores on the validation split, in the task's metric (`validation_metric`):
+    a sweep picks its grid point by their mean, and the test scores stay for the report.
+    None of them when a seed has none (a result from before validation was scored)."""
+    values = [result.validation for result in results]
+    if any(value is None for value in values):
+        return {}
+    scores = typing.cast(list[float], values)
+    return {
+        "validation_metric": task.metric,
+        "validation_mean": statistics.fmean(scores),
+        "validation_ci95": interval_half_width(scores),
+        "validation_per_seed": scores,
+    }

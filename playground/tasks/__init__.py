@@ -29,6 +29,7 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from playground.config import build_config
+from playground.errors import ConfigError
 
 TargetName = Literal["token", "sequence", "token_from_last"]
 """What a task labels, and so the head a model reads it with:
@@ -151,19 +152,41 @@ class Task:
     def split(
         self, seed: int, num_train: int | None = None, num_test: int | None = None
     ) -> tuple[TaskData, TaskData]:
-        """Train and test sets for `seed`, with no test input also in train: the two come
-        from different generator streams (train from `generate_training`, test from
-        `generate`) and any train example whose tokens repeat a test example's is dropped,
-        whatever its labels (the train set may therefore be slightly smaller)."""
+        """Train and test sets for `seed`, with no test or validation input also in train:
+        they come from different generator streams (train from `generate_training`, test
+        and validation from `generate`) and any train example whose tokens repeat a held-out
+        example's is dropped, whatever its labels (so train may be slightly smaller)."""
         num_train = self.num_train if num_train is None else num_train
         num_test = self.num_test if num_test is None else num_test
         test = self.generate(num_test, seed=2 * seed + 1)
         train = self.generate_training(num_train, seed=2 * seed)
-        seen = set(example_fingerprints(test, labels=False))
+        held_out = (test, self.validation_split(seed, num_test))
+        seen = {digest for data in held_out for digest in example_fingerprints(data, labels=False)}
         keep = torch.tensor(
             [f not in seen for f in example_fingerprints(train, labels=False)], dtype=torch.bool
         )
+        if not bool(keep.any()):
+            raise ConfigError(
+                f"task {self.label!r}: every one of its {len(train)} training examples repeats "
+                f"an input of the test or validation split ({num_test} examples each), so "
+                "nothing is left to train on; the task has too few distinct inputs for "
+                "held-out sets this large: lengthen it, widen its vocabulary, or hold out fewer"
+            )
         return train.select(keep), test
+
+    def validation_split(self, seed: int, num_examples: int | None = None) -> TaskData:
+        """The validation set of `seed` (num_test examples unless told): a stream of its own
+        (VALIDATION_STREAM + seed), so hyperparameters are chosen on examples that are
+        neither trained on nor reported (`split` keeps its inputs out of train, and a
+        validation example may repeat a test one only by chance, as two test draws may)."""
+        count = self.num_test if num_examples is None else num_examples
+        return self.generate(count, seed=VALIDATION_STREAM + seed)
+
+
+VALIDATION_STREAM = 3 << 30
+"""The validation set's generator seeds start here: far above the 2·seed (train) and
+2·seed + 1 (test) streams of any seed below 10⁹, and below 2³², where torch's and
+Python's generators would wrap it onto seed 0's training stream."""
 
 
 def example_fingerprints(data: TaskData, *, labels: bool = True) -> list[bytes]:

@@ -140,9 +140,28 @@ def test_train_and_test_splits_are_disjoint(task) -> None:
 
 def test_split_drops_train_examples_that_repeat_test_ones() -> None:
     task = Lookback(seq_len=3, offset=1, vocab_size=3)  # only 8 possible sequences
-    train, test = task.split(seed=0, num_train=200, num_test=4)
-    assert len(train) < 200  # duplicates of the test set were removed...
-    assert not set(example_fingerprints(train)) & set(example_fingerprints(test))  # ...all
+    train, test = task.split(seed=0, num_train=200, num_test=2)
+    validation = task.validation_split(seed=0, num_examples=2)
+    assert len(train) < 200  # duplicates of the held-out sets were removed...
+    for held_out in (test, validation):  # ...all of them
+        assert not set(example_fingerprints(train)) & set(example_fingerprints(held_out))
+
+
+def test_a_split_with_nothing_left_to_train_on_says_so() -> None:
+    task = Lookback(seq_len=3, offset=1, vocab_size=3)  # 8 sequences, 16 held out
+    with pytest.raises(ConfigError, match="nothing is left to train on"):
+        task.split(seed=0, num_train=200, num_test=8)
+
+
+def test_the_validation_split_is_a_stream_of_its_own() -> None:
+    """Neither the train nor the test stream of any small seed, nor seed 0's train stream
+    (a seed past 2³² wraps onto it in torch's generator)."""
+    task = MQAR()
+    validation = task.validation_split(seed=0, num_examples=64)
+    for seed in range(4):
+        for stream in (2 * seed, 2 * seed + 1):
+            assert not torch.equal(task.generate(64, stream).tokens, validation.tokens)
+    assert not torch.equal(task.validation_split(1, 64).tokens, validation.tokens)
 
 
 @pytest.mark.parametrize(

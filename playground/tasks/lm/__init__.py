@@ -165,6 +165,11 @@ class ByteLanguageModelling(LanguageTask):
         self.check_eval_length(length)
         return _windows(self.corpus.streams["test"], length, self.options.eval_bytes)
 
+    def validation_split(self, seed: int, num_examples: int | None = None) -> TaskData:
+        """The validation split's windows at the training length: fixed files, as the
+        test set's, so every seed is chosen on the same bytes."""
+        return self.validation(self.options.seq_len)
+
     def validation(self, length: int) -> TaskData:
         stream = self.corpus.streams["validation"]
         return _windows(stream, length, min(self.options.eval_bytes, stream.numel() - 1))
