@@ -43,7 +43,7 @@ from playground.run.language import (
     language_fields,
     score_language,
 )
-from playground.run.model_settings import build_model, training_label
+from playground.run.model_settings import build_model, grid_tag, training_label
 from playground.run.stats import interval_half_width, proportion_interval
 from playground.tasks import IGNORE, LanguageTask, Task
 
@@ -118,8 +118,13 @@ class AccuracyJob:
     num_layers: int = 2
     learning_rate: float | None = None
     """None: the task's `default_learning_rate`."""
+    weight_decay: float | None = None
+    """None: TrainConfig's default."""
     batch_size: int | None = None
     """None: the task's `default_batch_size`."""
+    grid: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The point of a sweep this job trains (TaskRun.grid), which its rows are labelled
+    with; the settings themselves are the fields above."""
     curriculum: tuple[Stage, ...] = ()
     """Stages trained first, in order, on the same model (see the module docstring)."""
     device: str = "cpu"
@@ -183,6 +188,7 @@ def prepare(registry: Registry, job: AccuracyJob) -> Prepared:
             steps=task.default_steps if steps is None else steps,
             batch_size=batch_size or task.default_batch_size,
             learning_rate=job.learning_rate or task.default_learning_rate,
+            **({} if job.weight_decay is None else {"weight_decay": job.weight_decay}),
         )
 
     stages = tuple(
@@ -368,12 +374,18 @@ def row_fields(
             curriculum=curriculum,
             positional_encoding=model.positional_encoding,
             architecture=model.architecture,
+            grid=prepared.job.grid,
             **shape,
         )
+        sweep = {
+            "grid": dict(prepared.job.grid),
+            "sweep": label.removesuffix(grid_tag(prepared.job.grid)).strip(),
+        }
         return {
             "task": task.name,
             "task_options": dataclasses.asdict(task.options),
             "task_label": label,
+            **(sweep if prepared.job.grid else {}),
         }
 
     task = prepared.task
