@@ -16,7 +16,14 @@ from playground.report.bench_history import HISTORY_FIGURE, plot_history
 from playground.report.pages import write_report
 from playground.report.plots import plot_run
 from playground.report.summary import spec_baseline, write_summary
-from playground.report.tables import print_accuracy, print_language, print_nodes, print_summary
+from playground.report.sweeps import write_sweeps
+from playground.report.tables import (
+    print_accuracy,
+    print_language,
+    print_nodes,
+    print_summary,
+    print_sweeps,
+)
 from playground.report.verdict import VERDICT, print_verdicts, run_verdicts
 from playground.run.cells import pending_cells, plan
 from playground.run.context import Executor
@@ -76,6 +83,8 @@ def _execute(registry: Registry, store: RunStore, spec, overrides: dict, executo
         print_summary(lines, console)
         print_accuracy(store.rows(), console)
         print_language(store.rows(), console)
+        write_sweeps(store)
+        print_sweeps(store.rows(), console)
         print_nodes(store.rows(), console)
         _print_verdict(store, runner.spec.baseline)
         if store.rows():

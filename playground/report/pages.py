@@ -34,11 +34,15 @@ from playground.report.tables import (
     LANGUAGE_TITLE,
     SCALING_TITLE,
     SUMMARY_COLUMNS,
+    SWEEP_NOTE,
+    SWEEP_TABLE_COLUMNS,
+    SWEEP_TITLE,
     exponent_entries,
     exponent_note,
     language_entries,
     summary_entries,
     summary_title,
+    sweep_entries,
 )
 from playground.run.stats import accuracy_bounds, format_interval
 
@@ -260,6 +264,9 @@ def _sections(run: RunData) -> list[tuple[str, Table, str | None]]:
     if run.accuracy:
         accuracy = accuracy_table(run.accuracy)
         sections.append(("Accuracy (mean [95% interval over seeds])", accuracy, None))
+    if run.sweeps:
+        entries = sweep_entries(run.sweeps)
+        sections.append((SWEEP_TITLE, (list(SWEEP_TABLE_COLUMNS), entries), SWEEP_NOTE))
     if run.language:
         sections.append((LANGUAGE_TITLE, language_table(run.language), None))
     learned = learned_entries([*run.accuracy, *run.language])

@@ -26,6 +26,7 @@ from playground.report.summary import (
     baseline_note,
     exponent_text,
 )
+from playground.report.sweeps import Choice, choices, chosen_rows, grid_text
 from playground.run.fidelity import CAUSAL_REFERENCE
 from playground.run.measure import FLAG_MEANINGS
 from playground.run.stats import accuracy_bounds, format_interval
@@ -36,8 +37,9 @@ def _format(value: float | None, spec: str) -> str:
 
 
 def print_accuracy(rows: list[dict[str, Any]], console: Console) -> None:
-    """variant × task: accuracy mean [95% interval] over seeds, each seed, chance."""
-    accuracy = accuracy_rows(rows)
+    """variant × task: accuracy mean [95% interval] over seeds, each seed, chance; of a
+    sweep, the point chosen on validation (print_sweeps shows the grid)."""
+    accuracy = accuracy_rows(chosen_rows(rows))
     if not accuracy:
         return
     table = Table(title="Accuracy on held-out examples (mean [95% interval over seeds])")
@@ -76,6 +78,65 @@ def print_learned(rows: list[dict[str, Any]], console: Console) -> None:
     console.print(table)
 
 
+SWEEP_TITLE = (
+    "Sweeps: each setup's point chosen on validation, scored on test (mean [95% interval])"
+)
+SWEEP_TABLE_COLUMNS = ("setup", "task", "chosen", "validation", "test", "within interval")
+SWEEP_NOTE = (
+    "Each setup's grid point is chosen by its mean score on the validation split; the test "
+    "split's score is the one reported, and the one the accuracy table and the verdict use. "
+    '"Within interval": the grid points whose validation mean lies inside the chosen '
+    "one's 95% interval (sweeps.csv has every point)."
+)
+
+
+def _interval(mean: float | None, half: float | None) -> str:
+    if mean is None:
+        return "-"
+    return f"{mean:.3f}" + ("" if half is None else f" ± {half:.3f}")
+
+
+def sweep_entries(found: Sequence[Choice]) -> list[list[str]]:
+    """SWEEP_TABLE_COLUMNS, one entry per (setup, sweep): the chosen point, its validation
+    and test scores, and how many of the grid's points lie within the chosen one's
+    validation interval (many: a flat optimum; 1: a narrow window)."""
+    entries = []
+    for choice in found:
+        row = choice.chosen
+        task = choice.sweep + ("" if choice.eval_length is None else f" at n={choice.eval_length}")
+        if row is None:
+            failure = choice.points[0]
+            status = f"{failure.get('status')}: {failure.get('error')}"
+            entries.append([choice.setup, task, "-", "-", status, f"0 of {len(choice.points)}"])
+            continue
+        test = row.get("accuracy_mean", row.get("bits_per_byte_mean"))
+        test_half = row.get("accuracy_ci95", row.get("bits_per_byte_ci95"))
+        entries.append(
+            [
+                choice.setup,
+                task,
+                grid_text(row.get("grid")),
+                _interval(row.get("validation_mean"), row.get("validation_ci95")),
+                _interval(test, test_half),
+                f"{choice.within} of {len(choice.points)}",
+            ]
+        )
+    return entries
+
+
+def print_sweeps(rows: list[dict[str, Any]], console: Console) -> None:
+    """The sweep table (`sweep_entries`); nothing when the run swept nothing."""
+    entries = sweep_entries(choices(rows))
+    if not entries:
+        return
+    table = compact_table(SWEEP_TITLE)
+    for column in SWEEP_TABLE_COLUMNS:
+        table.add_column(column, overflow="fold")
+    for entry in entries:
+        table.add_row(*map(escape, entry))
+    console.print(table)
+
+
 LANGUAGE_TITLE = (
     "Language modelling: bits per byte on held-out text (mean [95% interval over seeds]; "
     "lower is better)"
@@ -108,7 +169,7 @@ def language_entries(rows: list[dict[str, Any]]) -> list[list[str]]:
     setup then length; a row that did not finish ok shows its status and why.
     MixedCorpora when a task's rows were scored on different text."""
     entries = []
-    for row in language_rows(rows):
+    for row in language_rows(chosen_rows(rows)):
         status = str(row.get("status", OK))
         entries.append(
             [

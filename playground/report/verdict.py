@@ -38,6 +38,7 @@ from rich.table import Table
 from playground.errors import PlaygroundError
 from playground.report.language import is_accuracy_row, is_language_row, setup_name, task_base
 from playground.report.summary import Ceilings, Line, run_ceilings, spec_baseline, summarize
+from playground.report.sweeps import chosen_rows
 from playground.run.stats import CONFIDENCE, t_quantile
 from playground.run.store import RunStore
 
@@ -109,9 +110,10 @@ def _metric(row: dict[str, Any]) -> Metric:
 
 
 def quality_scores(rows: Sequence[dict[str, Any]]) -> list[Score]:
-    """The ok quality rows with per-seed values, as Scores."""
+    """The ok quality rows with per-seed values, as Scores; of a sweep, the point chosen
+    on validation (report.sweeps), scored on test."""
     scores = []
-    for row in rows:
+    for row in chosen_rows(rows):
         if row.get("status") != "ok":
             continue
         if is_accuracy_row(row):

@@ -203,6 +203,8 @@ class Measurer:
                     part for part in (cell.variant.label, cell.task.settings_label) if part
                 ),
             )
+            if cell.task.grid:  # a failed cell's row says where in the sweep it was too
+                row.update(grid=dict(cell.task.grid), sweep=cell.task.sweep)
         return row
 
     def measure(self, cell: Cell) -> dict[str, Any]:
@@ -253,6 +255,8 @@ class Measurer:
             num_heads=task.num_heads,
             num_layers=task.num_layers,
             learning_rate=task.learning_rate,
+            weight_decay=task.weight_decay,
+            grid=task.grid,
             batch_size=task.batch_size,
             curriculum=task.curriculum,
             device=self.spec.device,

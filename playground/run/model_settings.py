@@ -4,6 +4,7 @@ network they build: what the spec, the accuracy measurement and re-evaluation ag
 from __future__ import annotations
 
 import typing
+from typing import Any
 
 from playground.hf.language_model import LlamaLanguageModel
 from playground.model.transformer import ModelConfig, PositionalEncodingName, TransformerClassifier
@@ -45,18 +46,31 @@ def training_label(
     curriculum: bool = False,
     positional_encoding: str = "auto",
     architecture: str = "playground",
+    grid: dict[str, Any] | None = None,
     **shape: int,
 ) -> str:
     """The task's label, with each model setting that is not the default appended
-    (`mqar(seq_len=128, num_pairs=8) d_model=128`), and CURRICULUM_TAG when the model
-    was trained on a curriculum: one task trained at several widths or positions, or alone
-    and after a curriculum, is several cells."""
+    (`mqar(seq_len=128, num_pairs=8) d_model=128`), CURRICULUM_TAG when the model was
+    trained on a curriculum, and last the point of a sweep (`grid_tag`): one task trained
+    at several widths, positions or learning rates, or alone and after a curriculum, is
+    several cells. A setting the grid sweeps is named by the grid alone."""
+    swept = grid or {}
     settings = settings_label(
-        positional_encoding=positional_encoding, architecture=architecture, **shape
+        positional_encoding="auto" if "positional_encoding" in swept else positional_encoding,
+        architecture="playground" if "architecture" in swept else architecture,
+        **{key: value for key, value in shape.items() if key not in swept},
     )
     return " ".join(
-        part for part in (task_label, settings, CURRICULUM_TAG if curriculum else "") if part
+        part
+        for part in (task_label, settings, CURRICULUM_TAG if curriculum else "", grid_tag(swept))
+        if part
     )
+
+
+def grid_tag(grid: dict[str, Any]) -> str:
+    """A sweep's point as its cells' labels end with it: `learning_rate=0.001
+    weight_decay=0.1` ("" outside a sweep)."""
+    return " ".join(f"{key}={value}" for key, value in grid.items())
 
 
 def build_model(config: ModelConfig, registry: Registry) -> TransformerClassifier:

@@ -35,7 +35,13 @@ file and the key and says what would be valid.
     [options.linformer]                  # ...and [options.NAME] sets options of a variant
     seq_len = 16384                      # whether it is listed or picked up automatically
 
-A list is a sweep unless the option itself is a tuple: `global_tokens = [0]` is one value,
+A [[tasks]] table sweeps its training settings the same way (SWEEPABLE): with
+`learning_rate = [1e-3, 3e-3, 1e-2]` and `weight_decay = [0.0, 0.1]` every combination
+trains, as a cell labelled with its point (`mqar learning_rate=0.001 weight_decay=0.0`);
+the report picks each setup's point on the validation split and reports its test score
+(playground.report.sweeps).
+
+A variant option's list is a sweep unless the option itself is a tuple: `global_tokens = [0]` is one value,
 `global_tokens = [[0], [0, 1]]` sweeps two.
 
 `name` names a directory under the results root, so it is a name, never a path: letters,
@@ -100,9 +106,12 @@ class Problems:
         """Said after the problems: what the command line merged into the spec."""
 
     def add(self, message: str) -> None:
-        """A problem, as a message that may start with the spec's path (dropped here)."""
+        """A problem, as a message that may start with the spec's path (dropped here);
+        once, however many points of a sweep find it."""
         prefix = f"{self.path}: "
-        self.messages.append(message[len(prefix) :] if message.startswith(prefix) else message)
+        message = message[len(prefix) :] if message.startswith(prefix) else message
+        if message not in self.messages:
+            self.messages.append(message)
 
     def key(self, key: str, message: str) -> None:
         self.add(f"key {key!r}: {message}")
@@ -178,7 +187,15 @@ class TaskRun:
     eval_lengths: tuple[int, ...] = ()
     """A language task's evaluation lengths beside its training length."""
     settings_label: str = ""
-    """The model settings that differ from the defaults, as `label` ends with them."""
+    """The model settings that differ from the defaults and that the grid does not sweep."""
+    weight_decay: float | None = None
+    """AdamW's decoupled weight decay; None = TrainConfig's default."""
+    grid: dict[str, Any] = field(default_factory=dict)
+    """This cell's point of the table's sweep (the list-valued TASK_SETTINGS), e.g.
+    {"learning_rate": 0.001}; empty outside a sweep."""
+    sweep: str = ""
+    """The label every point of the sweep shares (`label` less its grid tag); the report
+    chooses among them on validation. "" outside a sweep."""
 
     def trains(self, variant: VariantSetup) -> bool:
         """Whether `variant` trains on this task."""
@@ -192,12 +209,18 @@ TASK_SETTINGS = {
     "num_heads": int,
     "num_layers": int,
     "learning_rate": float,
+    "weight_decay": float,
     "batch_size": int,
     "positional_encoding": str,
     "architecture": str,
     "eval_lengths": list[int],
 }
 """Keys of a [[tasks]] table that set up training rather than the task itself."""
+
+SWEEPABLE = tuple(key for key in TASK_SETTINGS if key not in ("seeds", "eval_lengths"))
+"""The TASK_SETTINGS a [[tasks]] table may give as a list of values to sweep: every
+combination is a cell (`learning_rate = [1e-3, 3e-3]`); seeds and eval_lengths are not
+hyperparameters to choose."""
 
 
 @dataclass(frozen=True)

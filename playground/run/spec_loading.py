@@ -37,7 +37,7 @@ from playground.run.spec import (
     type_name,
     unknown_options,
 )
-from playground.run.spec_tasks import task_run
+from playground.run.spec_tasks import task_runs
 
 _TOP_LEVEL: dict[str, Any] = {
     "name": str,
@@ -163,9 +163,7 @@ def load_spec(path: str | Path, registry: Registry, sizes: dict[str, int] | None
     }
     tasks = []
     for index, entry in enumerate(data.get("tasks", [])):
-        task = task_run(entry, index, registry, path, data.get("seed", Spec.seed), problems, widths)
-        if task is not None:
-            tasks.append(task)
+        tasks += task_runs(entry, index, registry, data.get("seed", Spec.seed), problems, widths)
     repeated = first_repeated(label for task in tasks for label in (*task.stage_labels, task.label))
     if repeated:
         problems.key(

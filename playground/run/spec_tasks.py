@@ -4,9 +4,9 @@ training settings (TASK_SETTINGS) and its curriculum of stages."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import typing
-from pathlib import Path
 from typing import Any
 
 from playground.errors import PlaygroundError
@@ -16,11 +16,13 @@ from playground.run.accuracy import Stage, curriculum_tasks
 from playground.run.model_settings import (
     MODEL_DEFAULTS,
     POSITIONAL_ENCODINGS,
+    grid_tag,
     settings_label,
     training_label,
 )
 from playground.run.spec import (
     STAGE_SETTINGS,
+    SWEEPABLE,
     TASK_SETTINGS,
     Problems,
     SpecError,
@@ -33,19 +35,57 @@ TABLE_KEYS = ("name", "variants", "curriculum")
 """Keys of a [[tasks]] table beside TASK_SETTINGS and the task's own options."""
 
 
+def task_runs(
+    entry: Any,
+    index: int,
+    registry: Registry,
+    seed: int,
+    problems: Problems,
+    widths: dict[str, int] | None = None,
+) -> list[TaskRun]:
+    """A [[tasks]] table as its TaskRuns: one, or one per point of the grid its
+    list-valued SWEEPABLE settings span (in the table's order, the last setting fastest).
+    Each problem goes to `problems` once, however many points share it."""
+    where = f"tasks[{index}]"
+    swept = (
+        {key: entry[key] for key in SWEEPABLE if isinstance(entry.get(key), list)}
+        if isinstance(entry, dict)
+        else {}
+    )
+    malformed = False
+    for key, values in swept.items():
+        if not values:
+            problems.add(f"{where}.{key}: sweeps an empty list; give at least one value")
+            malformed = True
+        elif len(set(map(repr, values))) < len(values):
+            problems.add(f"{where}.{key}: lists {values!r}, a value twice; give each once")
+            malformed = True
+    if malformed:
+        return []
+    runs = []
+    for point in itertools.product(*swept.values()):
+        grid = dict(zip(swept, point, strict=True))
+        table = {**entry, **grid} if grid else entry
+        run = task_run(table, index, registry, seed, problems, widths, grid)
+        if run is not None:
+            runs.append(run)
+    return runs
+
+
 def task_run(
     entry: Any,
     index: int,
     registry: Registry,
-    path: Path,
     seed: int,
     problems: Problems,
     widths: dict[str, int] | None = None,
+    grid: dict[str, Any] | None = None,
 ) -> TaskRun | None:
-    """A [[tasks]] table: `name`, the task's own options, and the TASK_SETTINGS keys
-    (`seeds` is a count, starting at the spec's seed). `widths`: the spec's top-level
-    d_model and num_heads, where it sets them, for a table that does not. Each problem
-    goes to `problems` (all of them, as far as they can be told apart); None then."""
+    """A [[tasks]] table at one point: `name`, the task's own options, and the
+    TASK_SETTINGS keys (`seeds` is a count, starting at the spec's seed). `widths`: the
+    spec's top-level d_model and num_heads, where it sets them, for a table that does
+    not. `grid`: the point of the table's sweep this run is. Each problem goes to
+    `problems` (all of them, as far as they can be told apart); None then."""
     where = f"tasks[{index}]"
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
         problems.add(f'{where}: each task needs a name, e.g. {{ name = "mqar" }}')
@@ -82,6 +122,11 @@ def task_run(
                     )
                     continue
                 value = tuple(value)
+            elif key == "weight_decay":
+                if not is_instance_of(value, float) or not 0 <= value < math.inf:
+                    problems.add(f"{where}.{key}: must be a number ≥ 0; got {value!r}")
+                    continue
+                value = float(value)
             elif expected is float:
                 if not is_instance_of(value, float) or not 0 < value < math.inf:
                     problems.add(f"{where}.{key}: must be a positive number; got {value!r}")
@@ -173,36 +218,27 @@ def task_run(
                     problems.add(f"{where}.eval_lengths: {error}")
     if task is None or len(problems.messages) > found:
         return None
-    shape = {k: v for k, v in settings.items() if k in MODEL_DEFAULTS}
-    positions = settings.get("positional_encoding", "auto")
-    architecture = settings.get("architecture", "playground")
-    tagged = bool(curriculum)
+    grid = dict(grid or {})
+    model = {
+        "positional_encoding": settings.get("positional_encoding", "auto"),
+        "architecture": settings.get("architecture", "playground"),
+        **{k: v for k, v in settings.items() if k in MODEL_DEFAULTS},
+    }
+    label = training_label(task.label, curriculum=bool(curriculum), grid=grid, **model)
     return TaskRun(
         name=entry["name"],
         options=options,
-        label=training_label(
-            task.label,
-            curriculum=tagged,
-            positional_encoding=positions,
-            architecture=architecture,
-            **shape,
-        ),
+        label=label,
         seeds=tuple(range(seed, seed + settings.pop("seeds", 3))),
         variants=None if chosen is None else tuple(chosen),
         curriculum=curriculum,
         stage_labels=tuple(
-            training_label(
-                each.label,
-                curriculum=tagged,
-                positional_encoding=positions,
-                architecture=architecture,
-                **shape,
-            )
+            training_label(each.label, curriculum=bool(curriculum), grid=grid, **model)
             for each in stage_tasks
         ),
-        settings_label=settings_label(
-            positional_encoding=positions, architecture=architecture, **shape
-        ),
+        settings_label=settings_label(**{k: v for k, v in model.items() if k not in grid}),
+        grid=grid,
+        sweep=label.removesuffix(grid_tag(grid)).strip() if grid else "",
         **settings,
     )
 

@@ -55,6 +55,7 @@ SPEC = """
     d_model = 16
     num_heads = 2
     num_layers = 1
+    learning_rate = [3e-3, 3e-2]  # grid cells run as any other cell (issue 43 part 1)
 
     [[variants]]
     name = "vanilla"

@@ -24,6 +24,7 @@ from matplotlib.colors import is_color_like
 from playground.errors import PlaygroundError
 from playground.registry import default_registry
 from playground.report.language import is_accuracy_row, is_language_row
+from playground.report.sweeps import Choice, choices, chosen_rows
 from playground.run.store import ENV, ROWS, SPEC, RunStore
 
 OK = "ok"
@@ -60,15 +61,21 @@ class RunData:
     spec: dict[str, Any]
     measurements: list[dict[str, Any]] = field(init=False)
     accuracy: list[dict[str, Any]] = field(init=False)
+    """The accuracy rows; of a sweep, the chosen point's (report.sweeps.chosen_rows)."""
     language: list[dict[str, Any]] = field(init=False)
-    """The language-model rows (bits per byte), every evaluation length."""
+    """The language-model rows (bits per byte), every evaluation length; of a sweep, the
+    chosen point's."""
+    sweeps: list[Choice] = field(init=False)
+    """Every setup's sweep of every task, each grid point with its scores."""
     series: dict[str, Series] = field(init=False)
     """label -> Series, for measurement and accuracy rows alike."""
 
     def __post_init__(self) -> None:
         self.measurements = [row for row in self.rows if "task" not in row]
-        self.accuracy = [row for row in self.rows if is_accuracy_row(row)]
-        self.language = [row for row in self.rows if is_language_row(row)]
+        chosen = chosen_rows(self.rows)  # of a sweep, the point chosen on validation
+        self.accuracy = [row for row in chosen if is_accuracy_row(row)]
+        self.language = [row for row in chosen if is_language_row(row)]
+        self.sweeps = choices(self.rows)
         self.series = make_series(self.rows)
 
     @property

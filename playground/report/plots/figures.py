@@ -15,8 +15,10 @@ from playground.report.plots.data import PlotError, RunData, load_run
 from playground.report.plots.fidelity import fidelity_figures
 from playground.report.plots.language import extrapolation_figure, language_cost_figure
 from playground.report.plots.patterns import attention_pattern_figure, relative_bias_figure
+from playground.report.plots.recall_state import recall_state_figure
 from playground.report.plots.scaling import METRICS, scaling_figure
 from playground.report.plots.style import FORMATS, assign_colours, save
+from playground.report.plots.sweeps import sweep_figure
 from playground.report.plots.verdict import scorecard_figure
 
 FIGURES_DIR = "figures"
@@ -33,9 +35,11 @@ def draw_figures(run: RunData, registry: Registry | None = None) -> dict[str, Fi
         made.update(_drawn("fidelity", lambda: fidelity_figures(run)) or {})
     made["accuracy"] = _drawn("accuracy", lambda: accuracy_figure(run))
     made["cost_vs_accuracy"] = _drawn("cost_vs_accuracy", lambda: cost_accuracy_figure(run))
+    made["recall_vs_state"] = _drawn("recall_vs_state", lambda: recall_state_figure(run))
     if run.language:
         made["lm_extrapolation"] = _drawn("lm_extrapolation", lambda: extrapolation_figure(run))
         made["lm_cost"] = _drawn("lm_cost", lambda: language_cost_figure(run))
+    made["sweeps"] = _drawn("sweeps", lambda: sweep_figure(run))
     made["scorecard"] = _drawn("scorecard", lambda: scorecard_figure(run))
     made["attention_patterns"] = _drawn(
         "attention_patterns", lambda: attention_pattern_figure(run, registry)
