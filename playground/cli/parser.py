@@ -263,5 +263,13 @@ def build_parser() -> argparse.ArgumentParser:
     verdict.add_argument(
         "--baseline", metavar="NAME", help="the setup to compare with (default: the spec's)"
     )
+    verdict.add_argument(
+        "--at",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="hold every sweep at one grid point (e.g. learning_rate=0.003): the verdict "
+        "had the run trained there alone; repeatable; printed, not written",
+    )
     verdict.set_defaults(handler=command_verdict)
     return parser

@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.markup import escape
 
 from playground.cli.output import console, error_console, warn_failed_plugins
-from playground.errors import PlaygroundError
+from playground.errors import ConfigError, PlaygroundError
 from playground.registry import Registry
 from playground.report.bench_history import HISTORY_FIGURE, plot_history
 from playground.report.pages import write_report
@@ -275,12 +275,24 @@ def _print_verdict(store: RunStore, baseline: str | None) -> None:
 
 def command_verdict(registry: Registry, arguments: argparse.Namespace) -> int:
     store = RunStore.existing(arguments.run_dir)
-    found = run_verdicts(store, arguments.baseline)
+    at = {}
+    for given in arguments.at:
+        key, equals, value = given.partition("=")
+        if not (equals and key and value):
+            raise ConfigError(
+                f"--at {given!r}: give a grid point as KEY=VALUE, e.g. learning_rate=0.003"
+            )
+        at[key] = value
+    found = run_verdicts(store, arguments.baseline, at)
     if not found:
         console.print("no quality rows (accuracy or bits per byte) to judge in this run")
         return 0
-    print_verdicts(found, arguments.baseline or spec_baseline(store) or "?", console)
-    console.print(f"written: {escape(str(store.path(VERDICT)))}", soft_wrap=True)
+    baseline = arguments.baseline or spec_baseline(store) or "?"
+    print_verdicts(
+        found, baseline + (f", every sweep at {', '.join(arguments.at)}" if at else ""), console
+    )
+    if not at:
+        console.print(f"written: {escape(str(store.path(VERDICT)))}", soft_wrap=True)
     return 0
 
 

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from playground.errors import PlaygroundError
 from playground.report.language import is_accuracy_row, is_language_row, setup_name
 from playground.run.store import RunStore
 
@@ -111,6 +112,44 @@ def chosen_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "within_interval": choice.within,
         }
     return [picked.get(id(row), row) for row in rows if not is_swept(row) or id(row) in picked]
+
+
+def at_point(rows: Sequence[dict[str, Any]], fixed: dict[str, str]) -> list[dict[str, Any]]:
+    """`rows` with each sweep held at `fixed` (`{"learning_rate": "0.003"}`): its other
+    points dropped, so what follows chooses among the rest; what a verdict would have said
+    had every setup trained there. SweepPointMissing when no point has those values."""
+    if not fixed:
+        return list(rows)
+    swept = [row for row in rows if is_swept(row)]
+
+    def matches(row: dict[str, Any]) -> bool:
+        grid = row.get("grid") or {}
+        return all(key in grid and _same(grid[key], value) for key, value in fixed.items())
+
+    if not any(matches(row) for row in swept):
+        values = {
+            key: sorted({str(row["grid"][key]) for row in swept if key in row["grid"]})
+            for key in fixed
+        }
+        known = "; ".join(f"{key}: {', '.join(v) or '(not swept)'}" for key, v in values.items())
+        raise SweepPointMissing(
+            f"no grid point of this run has {grid_text(fixed)}; the values swept are {known}"
+            if swept
+            else f"this run swept nothing, so it has no point {grid_text(fixed)}"
+        )
+    return [row for row in rows if not is_swept(row) or matches(row)]
+
+
+def _same(value: Any, given: str) -> bool:
+    """Whether a grid value is the command line's `given` (0.003 is 3e-3)."""
+    try:
+        return float(value) == float(given)
+    except (TypeError, ValueError):
+        return str(value) == given
+
+
+class SweepPointMissing(PlaygroundError, LookupError):
+    """A grid point asked for (`playground verdict --at`) is not in the run."""
 
 
 def grid_text(grid: dict[str, Any] | None) -> str:

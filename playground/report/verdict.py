@@ -38,7 +38,7 @@ from rich.table import Table
 from playground.errors import PlaygroundError
 from playground.report.language import is_accuracy_row, is_language_row, setup_name, task_base
 from playground.report.summary import Ceilings, Line, run_ceilings, spec_baseline, summarize
-from playground.report.sweeps import chosen_rows
+from playground.report.sweeps import at_point, chosen_rows
 from playground.run.stats import CONFIDENCE, t_quantile
 from playground.run.store import RunStore
 
@@ -255,10 +255,14 @@ def verdicts(
     return sorted(found, key=lambda verdict: (verdict.metric, verdict.setup))
 
 
-def run_verdicts(store: RunStore, baseline: str | None = None) -> list[Verdict]:
+def run_verdicts(
+    store: RunStore, baseline: str | None = None, at: dict[str, str] | None = None
+) -> list[Verdict]:
     """The verdicts of a run directory, against `baseline` or the spec's; written to
-    verdict.csv when there are any. MissingBaseline without a baseline to use."""
-    rows = store.rows()
+    verdict.csv when there are any. MissingBaseline without a baseline to use. `at`: hold
+    every sweep at that grid point (sweeps.at_point); such verdicts are printed only, and
+    verdict.csv keeps the run's own."""
+    rows = at_point(store.rows(), at or {})
     if not quality_scores(rows):
         return []
     named = baseline or spec_baseline(store)
@@ -269,6 +273,8 @@ def run_verdicts(store: RunStore, baseline: str | None = None) -> list[Verdict]:
             f"{', '.join(setups)}"
         )
     found = verdicts(rows, named, run_ceilings(store))
+    if at:
+        return found
     text = io.StringIO(newline="")
     writer = csv.DictWriter(text, fieldnames=list(Verdict.__dataclass_fields__))
     writer.writeheader()

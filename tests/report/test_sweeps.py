@@ -10,13 +10,23 @@ import io
 from pathlib import Path
 from typing import Any
 
+import pytest
 from rich.console import Console
 
+from playground.cli import main
 from playground.report.plots import load_run, plot_run
 from playground.report.plots.sweeps import sweep_figure, swept_key
-from playground.report.sweeps import SWEEPS, best_at, choices, chosen_rows, write_sweeps
+from playground.report.sweeps import (
+    SWEEPS,
+    SweepPointMissing,
+    at_point,
+    best_at,
+    choices,
+    chosen_rows,
+    write_sweeps,
+)
 from playground.report.tables import print_sweeps, sweep_entries
-from playground.report.verdict import BETTER, WORSE, verdicts
+from playground.report.verdict import BETTER, VERDICT, WORSE, verdicts
 from playground.run.store import RunStore
 from tests.report.test_verdict import write_judged_run
 
@@ -185,3 +195,25 @@ def test_a_run_without_a_sweep_draws_no_sweep_figure(tmp_path: Path) -> None:
     rows = [{**row, "grid": {}} for row in grid_rows()]
     run = load_run(write_judged_run(tmp_path / "run", rows))
     assert run.sweeps == [] and sweep_figure(run) is None
+
+
+def test_a_verdict_held_at_one_grid_point_is_what_one_learning_rate_would_say() -> None:
+    held = verdicts(at_point(grid_rows(), {"learning_rate": "1e-2"}), "vanilla")
+    assert held[0].mark == BETTER  # at 1e-2 alone linear looks better; chosen, it is worse
+    assert verdicts(at_point(grid_rows(), {}), "vanilla")[0].mark == WORSE
+    with pytest.raises(SweepPointMissing, match=r"learning_rate: 0\.001, 0\.003, 0\.01, 0\.03"):
+        at_point(grid_rows(), {"learning_rate": "5e-3"})
+
+
+def test_the_verdict_command_holds_sweeps_at_a_point_and_leaves_verdict_csv(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = write_judged_run(tmp_path / "run", grid_rows())
+    assert main(["verdict", str(directory)]) == 0
+    written = (directory / VERDICT).read_text()
+    assert main(["verdict", str(directory), "--at", "learning_rate=0.01"]) == 0
+    printed = capsys.readouterr().out
+    assert "every sweep at learning_rate=0.01" in printed and "better" in printed
+    assert (directory / VERDICT).read_text() == written  # the run's own verdict stays
+    assert main(["verdict", str(directory), "--at", "lr"]) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
