@@ -44,6 +44,7 @@ from playground.run.language import (
     score_language,
 )
 from playground.run.model_settings import build_model, grid_tag, training_label
+from playground.run.state_size import StateSize, scored_state_sizes, state_fields
 from playground.run.stats import interval_half_width, proportion_interval
 from playground.tasks import IGNORE, LanguageTask, Task
 
@@ -277,6 +278,8 @@ class SeedResult:
     validation: float | None = None
     """The score on the task's validation split (accuracy, or a language task's bits per
     byte at its training length): what a sweep chooses its grid point by."""
+    state_sizes: tuple[StateSize | None, ...] = ()
+    """The decoding state at each scored task's length (`scored_state_sizes`)."""
 
 
 def train_seed(
@@ -318,6 +321,7 @@ def train_seed(
         model=describe(model),
         weights=weights,
         learned=learned_summaries(model),
+        state_sizes=scored_state_sizes(model, [*(t for t, _ in prepared.stages), prepared.task]),
     )
     task = prepared.task
     if isinstance(task, LanguageTask):
@@ -428,6 +432,7 @@ def row_fields(
         predictions.pop() if len(predictions) == 1 else None,  # seeds' test sets agree
     )
     fields.update(common)
+    fields.update(state_fields([result.state_sizes for result in results], -1))
     if curriculum:
         phases = (*prepared.stages, (prepared.task, prepared.training))
         fields["curriculum"] = [
@@ -436,6 +441,7 @@ def row_fields(
         ]
         fields["stages"] = [
             scored(task, training, [result.stage_scores[index] for result in results])
+            | state_fields([result.state_sizes for result in results], index)
             for index, (task, training) in enumerate(prepared.stages)
         ]
     return fields
