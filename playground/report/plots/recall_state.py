@@ -17,6 +17,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import NullFormatter
 
 from playground.report.plots.accuracy import CHANCE_STYLE, task_name
 from playground.report.plots.data import OK, RunData
@@ -56,11 +57,13 @@ def _width(row: dict[str, Any]) -> Any:
     return (row.get("model") or {}).get("d_model", row.get("d_model"))
 
 
-def _point_label(run: RunData, row: dict[str, Any], show_width: bool) -> str:
-    """What sets this point's state: its variant's swept options, and its width."""
+def _point_label(run: RunData, row: dict[str, Any], swept_widths: set[str]) -> str:
+    """What sets this point's state: its variant's swept options, and its width where
+    the variant is drawn at several (`swept_widths`: those variants)."""
     series = run.series[row["label"]]
     options = series.legend.split(" ", 1)[1] if " " in series.legend else ""
-    width = f"d_model={_width(row)}" if show_width and _width(row) is not None else ""
+    shown = series.variant in swept_widths and _width(row) is not None
+    width = f"d_model={_width(row)}" if shown else ""
     return " ".join(part for part in (options, width) if part) or series.variant
 
 
@@ -84,7 +87,10 @@ def recall_state_figure(run: RunData) -> Figure | None:
     marker = {variant: POINT_MARKERS[i % len(POINT_MARKERS)] for i, variant in enumerate(variants)}
     notes: list[str] = []
     for axes, panel in zip(figure.axes, panels.values(), strict=True):
-        show_width = len({_width(row) for row in panel} - {None}) > 1
+        widths: dict[str, set[Any]] = {}
+        for row in panel:
+            widths.setdefault(run.series[row["label"]].variant, set()).add(_width(row))
+        swept_widths = {variant for variant, found in widths.items() if len(found - {None}) > 1}
         points = [(float(row["state_bytes"]), float(row["accuracy_mean"])) for row in panel]
         for row, (x, y) in zip(panel, points, strict=True):
             variant = run.series[row["label"]].variant
@@ -104,7 +110,7 @@ def recall_state_figure(run: RunData) -> Figure | None:
                 zorder=3,
             )
             axes.annotate(
-                _point_label(run, row, show_width),
+                _point_label(run, row, swept_widths),
                 (x, y),
                 xytext=(4, 4),
                 textcoords="offset points",
@@ -122,7 +128,7 @@ def recall_state_figure(run: RunData) -> Figure | None:
         title = min((task_name(row) for row in panel), key=len)
         length = (panel[0].get("task_options") or {}).get("seq_len")
         members = ", ".join(
-            f"{run.series[panel[i]['label']].variant} {_point_label(run, panel[i], show_width)}"
+            f"{run.series[panel[i]['label']].variant} {_point_label(run, panel[i], swept_widths)}"
             for i in front
         )
         notes.append(f"{title}: frontier {members}")
@@ -130,6 +136,7 @@ def recall_state_figure(run: RunData) -> Figure | None:
         if chance is not None:
             axes.axhline(chance, **CHANCE_STYLE)
         log_axis(axes, [x for x, _ in points], which="x")
+        axes.xaxis.set_minor_formatter(NullFormatter())  # within two decades they collide
         axes.set_xlabel(f"decoding state per sequence at n={length} (bytes, all layers)")
         axes.set_ylabel("accuracy (mean, 95% interval over seeds)")
         axes.set_ylim(0, 1.05)
