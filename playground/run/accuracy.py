@@ -2,9 +2,7 @@
 held-out split, summarised over seeds as the mean with its 95% Student-t interval (and
 the standard deviation and every seed's value).
 
-An `AccuracyJob` names the work in plain values; `prepare` makes it concrete (and raises
-UnsupportedFeature before any training when the variant cannot do what the task needs:
-causal attention, padding masks, the task's length, so the runner records `unsupported`);
+An `AccuracyJob` names the work and `prepare` makes it concrete (playground.run.jobs);
 `train_seed` trains and scores one seed; `row_fields` turns the seeds' results into the
 row's fields. `measure_accuracy` does the three in one process, seed after seed; the
 packed lanes (playground.run.seeds.train_seed_task) run `train_seed` on worker processes
@@ -28,15 +26,11 @@ import torch
 from rich.progress import Progress
 
 from playground.contract import learned_summaries
-from playground.errors import ConfigError, UnsupportedFeature
+from playground.errors import ConfigError
 from playground.model.training import TrainConfig, evaluate, majority_rate, train
-from playground.model.transformer import (
-    ArchitectureName,
-    ModelConfig,
-    PositionalEncodingName,
-    describe,
-)
+from playground.model.transformer import describe
 from playground.registry import Registry
+from playground.run.jobs import AccuracyJob, Prepared, prepare
 from playground.run.language import (
     LanguageScores,
     evaluation_lengths,
@@ -49,154 +43,6 @@ from playground.run.stats import interval_half_width, proportion_interval
 from playground.tasks import IGNORE, LanguageTask, Task
 
 DEFAULT_SEEDS = (0, 1, 2)
-
-
-@dataclasses.dataclass(frozen=True)
-class Stage:
-    """One stage of a curriculum: options that override the task's own for this stage,
-    and the stage's schedule (None: that task's default steps and batch size)."""
-
-    options: dict[str, Any]
-    steps: int | None = None
-    batch_size: int | None = None
-
-
-def curriculum_tasks(
-    task_cls: type[Task], options: dict[str, Any], stages: Sequence[Stage]
-) -> list[Task]:
-    """The task of each stage (the task's options, then the stage's), then the task itself.
-    ConfigError when a stage's options are wrong, when a stage would change the model's
-    vocabulary or classes, or when two of them are the same task."""
-    tasks = []
-    for index, stage in enumerate(stages):
-        try:
-            tasks.append(task_cls(**{**options, **stage.options}))
-        except (ValueError, TypeError) as error:
-            raise ConfigError(f"curriculum stage {index}: {error}") from None
-    final = task_cls(**options)
-    for index, task in enumerate(tasks):
-        if (task.vocab_size, task.num_classes) != (final.vocab_size, final.num_classes):
-            raise ConfigError(
-                f"curriculum stage {index} ({task.label}) has vocab_size {task.vocab_size} "
-                f"and {task.num_classes} classes, the task ({final.label}) "
-                f"{final.vocab_size} and {final.num_classes}: every stage trains the same "
-                "model, so keep the options that size its embeddings and classifier"
-            )
-    labels = [task.label for task in [*tasks, final]]
-    repeated = sorted({label for label in labels if labels.count(label) > 1})
-    if repeated:
-        raise ConfigError(
-            f"the curriculum trains {repeated[0]} twice; give each stage different options "
-            "(more steps on one size go in that stage's steps)"
-        )
-    return [*tasks, final]
-
-
-def check_task_support(registry: Registry, variant: str, task: Task) -> None:
-    """UnsupportedFeature if the variant's declared capabilities miss what the task needs."""
-    capabilities = registry.get(variant).capabilities
-    if task.needs_causal and not capabilities.causal:
-        raise UnsupportedFeature(variant, f"causal attention, which task {task.name!r} needs")
-    if task.pads and not capabilities.padding_mask:
-        raise UnsupportedFeature(
-            variant, f"padding masks, which task {task.name!r} needs (its sequences vary)"
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class AccuracyJob:
-    """Everything that trains one variant on one task, as plain values: a worker process
-    rebuilds the task, the model and the schedule from it (`prepare`)."""
-
-    variant: str
-    variant_options: dict[str, Any]
-    task: str
-    task_options: dict[str, Any]
-    steps: int | None = None
-    """None: the task's `default_steps`."""
-    d_model: int = 64
-    num_heads: int = 4
-    num_layers: int = 2
-    learning_rate: float | None = None
-    """None: the task's `default_learning_rate`."""
-    weight_decay: float | None = None
-    """None: TrainConfig's default."""
-    batch_size: int | None = None
-    """None: the task's `default_batch_size`."""
-    grid: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """The point of a sweep this job trains (TaskRun.grid), which its rows are labelled
-    with; the settings themselves are the fields above."""
-    curriculum: tuple[Stage, ...] = ()
-    """Stages trained first, in order, on the same model (see the module docstring)."""
-    device: str = "cpu"
-    dtype: torch.dtype = torch.float32
-    positional_encoding: PositionalEncodingName = "auto"
-    """The model's own positions (ModelConfig.positional_encoding; "none" is NoPE)."""
-    architecture: ArchitectureName = "playground"
-    """The network (ModelConfig.architecture)."""
-    eval_lengths: tuple[int, ...] = ()
-    """A language task's evaluation lengths beside its training length."""
-    keep_weights: bool = False
-    """Return each seed's trained weights (SeedResult.weights) for the run to keep."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Prepared:
-    """A job made concrete: the task, the model's config and the training schedule."""
-
-    job: AccuracyJob
-    task: Task
-    model: ModelConfig
-    training: TrainConfig
-    stages: tuple[tuple[Task, TrainConfig], ...] = ()
-    """The curriculum's stages, in training order, each with its schedule."""
-
-
-def prepare(registry: Registry, job: AccuracyJob) -> Prepared:
-    """Build what `job` names; raises UnsupportedFeature (record as `unsupported`) when the
-    variant cannot do what the task (or a curriculum stage) needs, ConfigError for bad
-    options."""
-    *stage_tasks, task = curriculum_tasks(
-        registry.get_task(job.task), job.task_options, job.curriculum
-    )
-    for each in (*stage_tasks, task):
-        check_task_support(registry, job.variant, each)
-    if job.eval_lengths and not isinstance(task, LanguageTask):
-        raise ConfigError(
-            f"eval_lengths applies to language-modelling tasks; task {task.name!r} is scored "
-            "at its own length only"
-        )
-    if isinstance(task, LanguageTask):
-        for length in job.eval_lengths:
-            task.check_eval_length(length)
-    model = ModelConfig(
-        vocab_size=task.vocab_size,
-        num_classes=task.num_classes,
-        max_seq_len=max(each.seq_len for each in (*stage_tasks, task)),
-        variant=job.variant,
-        variant_options=dict(job.variant_options),
-        d_model=job.d_model,
-        num_heads=job.num_heads,
-        num_layers=job.num_layers,
-        target=task.target,
-        causal=task.needs_causal,
-        positional_encoding=job.positional_encoding,
-        architecture=job.architecture,
-    )
-
-    def schedule(task: Task, steps: int | None, batch_size: int | None) -> TrainConfig:
-        return TrainConfig(
-            steps=task.default_steps if steps is None else steps,
-            batch_size=batch_size or task.default_batch_size,
-            learning_rate=job.learning_rate or task.default_learning_rate,
-            **({} if job.weight_decay is None else {"weight_decay": job.weight_decay}),
-        )
-
-    stages = tuple(
-        (each, schedule(each, stage.steps, stage.batch_size))
-        for each, stage in zip(stage_tasks, job.curriculum, strict=True)
-    )
-    return Prepared(job, task, model, schedule(task, job.steps, job.batch_size), stages)
 
 
 WeightsSink = Callable[[int, dict[str, torch.Tensor]], str]

@@ -29,18 +29,11 @@ from rich.progress import Progress
 from playground.contract import AttentionOutput, AttentionVariant
 from playground.errors import InvalidOutput, PlaygroundError, failure_fields
 from playground.registry import Registry
-from playground.run.accuracy import (
-    AccuracyJob,
-    Prepared,
-    WeightsSink,
-    kept_weights,
-    measure_accuracy,
-    prepare,
-    row_fields,
-)
+from playground.run.accuracy import WeightsSink, kept_weights, measure_accuracy, row_fields
 from playground.run.cells import Cell
 from playground.run.decode import measure_decode, memory_bandwidth
 from playground.run.fidelity import measure_fidelity
+from playground.run.jobs import AccuracyJob, Prepared, prepare
 from playground.run.measure import (
     FLAG_FLOPS_NOT_FINITE,
     cost_flags,

@@ -24,7 +24,8 @@ from rich.progress import Progress
 
 from playground.errors import failure_fields
 from playground.registry import Registry
-from playground.run.accuracy import AccuracyJob, SeedResult, prepare, train_seed
+from playground.run.accuracy import SeedResult, train_seed
+from playground.run.jobs import AccuracyJob, prepare
 from playground.run.training_progress import StepReporter
 
 

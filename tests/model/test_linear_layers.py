@@ -187,7 +187,7 @@ def test_the_model_trains_the_same_on_either_library():
     from playground.model.training import train
     from playground.model.transformer import TransformerClassifier
     from playground.registry import Registry
-    from playground.run.accuracy import AccuracyJob, prepare
+    from playground.run.jobs import AccuracyJob, prepare
 
     registry = Registry.discover()
     job = AccuracyJob("vanilla", {}, "mqar", {"seq_len": 64, "num_pairs": 4}, steps=5)

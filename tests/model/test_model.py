@@ -13,7 +13,7 @@ import torch
 from playground.errors import ConfigError, UnsupportedFeature
 from playground.model.transformer import ModelConfig, TransformerClassifier
 from playground.registry import Registry
-from playground.run.accuracy import check_task_support
+from playground.run.jobs import check_task_support
 from playground.tasks.positional import Lookback
 
 
@@ -166,7 +166,8 @@ def test_a_causal_model_never_looks_ahead():
 
 
 def test_causal_mqar_is_unsupported_for_a_variant_without_causal_attention():
-    from playground.run.accuracy import AccuracyJob, measure_accuracy
+    from playground.run.accuracy import measure_accuracy
+    from playground.run.jobs import AccuracyJob
 
     with pytest.raises(UnsupportedFeature, match="causal"):
         measure_accuracy(

@@ -18,7 +18,8 @@ from playground.model.training import (
 )
 from playground.model.transformer import ModelConfig, TransformerClassifier
 from playground.registry import Registry
-from playground.run.accuracy import AccuracyJob, measure_accuracy
+from playground.run.accuracy import measure_accuracy
+from playground.run.jobs import AccuracyJob
 from playground.tasks import Task
 from playground.tasks.listops import ListOps
 from playground.tasks.mqar import MQAR

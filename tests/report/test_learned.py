@@ -17,7 +17,8 @@ from playground.registry import Registry
 from playground.report.learned import learned_entries
 from playground.report.pages import write_report
 from playground.report.tables import print_accuracy, print_language
-from playground.run.accuracy import AccuracyJob, measure_accuracy
+from playground.run.accuracy import measure_accuracy
+from playground.run.jobs import AccuracyJob
 from tests.report.test_language_report import lm_row
 from tests.report.test_plots import accuracy, write_run
 

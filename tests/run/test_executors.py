@@ -15,8 +15,8 @@ import pytest
 
 from playground.errors import PlaygroundError
 from playground.registry import Registry
-from playground.run.accuracy import AccuracyJob
 from playground.run.executors.seed_pool import SeedPool
+from playground.run.jobs import AccuracyJob
 from playground.run.runner import Runner
 from playground.run.seeds import SeedTask
 from playground.run.spec_loading import load_spec

@@ -11,7 +11,8 @@ import pytest
 
 from playground.model.transformer import ModelConfig, TransformerClassifier
 from playground.registry import Registry, default_registry
-from playground.run.accuracy import AccuracyJob, Stage, measure_accuracy
+from playground.run.accuracy import measure_accuracy
+from playground.run.jobs import AccuracyJob, Stage
 from playground.run.state_size import (
     DECODING_STATE,
     KEY_VALUE_BYTES,

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from playground.registry import Registry
-from playground.run.accuracy import prepare
 from playground.run.cells import pending_cells, plan
+from playground.run.jobs import prepare
 from playground.run.runner import Runner
 from playground.run.spec import SpecError
 from playground.run.spec_loading import load_spec

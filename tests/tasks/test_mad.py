@@ -18,7 +18,8 @@ from playground.errors import ConfigError
 from playground.model.training import evaluate
 from playground.model.transformer import ModelConfig, TransformerClassifier
 from playground.registry import Registry
-from playground.run.accuracy import AccuracyJob, measure_accuracy
+from playground.run.accuracy import measure_accuracy
+from playground.run.jobs import AccuracyJob
 from playground.tasks import IGNORE, PAD, TargetName, Task, TaskData, example_fingerprints
 from playground.tasks.mad import MAD_TASKS
 from playground.tasks.mad.common import next_token_labels

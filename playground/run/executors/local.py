@@ -7,10 +7,10 @@ import gc
 from collections.abc import Sequence
 
 from playground.kernels import native
-from playground.run.accuracy import prepare
 from playground.run.cells import Cell
 from playground.run.context import Record, RunContext
 from playground.run.executors.seed_pool import SeedPool
+from playground.run.jobs import prepare
 from playground.run.measure import using_threads
 from playground.run.seeds import usable_cpus
 from playground.run.spec import Spec
