@@ -680,3 +680,32 @@ class LearnedSummaryOfAMatrix(Vanilla):
 
     def learned_summary(self):
         return {"W^Q": self.q_proj.weight.detach()}
+
+
+class AttendsByPositionOnly(Vanilla):
+    """Ignores q·k: each head's score for a key is a learned number per relative distance
+    (clamped to ±MAX_DISTANCE), the same whatever the query and key hold. It can learn to
+    name the token a fixed number of places back (lookback), but never to find a key by
+    its content (associative recall): the quick spec's recall task must tell it apart
+    from exact attention."""
+
+    name = "broken_attends_by_position_only"
+    MAX_DISTANCE = 64
+    forward_fast = None
+
+    def __init__(self, d_model=512, num_heads=8, **options):
+        super().__init__(d_model, num_heads, **options)
+        self.distance_bias = nn.Parameter(torch.zeros(num_heads, 2 * self.MAX_DISTANCE + 1))
+
+    def forward_reference(self, query, key, value, attention_mask, is_causal, need_weights):
+        _, _, v = project_heads(self, query, key, value)  # (B, H, N, d_k); q, k unused
+        n_q, n_k = query.shape[1], v.shape[2]
+        distance = torch.arange(n_q, device=v.device)[:, None] - torch.arange(n_k, device=v.device)
+        bucket = distance.clamp(-self.MAX_DISTANCE, self.MAX_DISTANCE) + self.MAX_DISTANCE
+        scores = self.distance_bias[:, bucket][None].to(v.dtype)  # (1, H, Nq, Nk)
+        allowed = allowed_keys(attention_mask, n_q, n_k, is_causal, v.device)
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        weights = torch.nan_to_num(scores.softmax(dim=-1))  # a row with no key left: zeros
+        output = project_output(self, weights @ v, empty_query_rows(allowed))
+        return AttentionOutput(output, weights if need_weights else None)

@@ -85,9 +85,15 @@ def test_new_variant_story(checkout: Path) -> None:
     speedups = [line["speedup_vs_baseline"] for line in summary if line["label"] == "myattn"]
     assert speedups and all(float(value) > 0 for value in speedups)
     rows = [row for row in cost_rows if row["variant"] == "myattn"]
-    # ...and the quick spec's short accuracy task trained it too
-    (accuracy,) = (row for row in all_rows if "task" in row and row["variant"] == "myattn")
-    assert accuracy["status"] == "ok" and accuracy["accuracy_mean"] > accuracy["chance"]
+    # ...and the quick spec's short accuracy tasks trained it too: the positional one and
+    # the recall one, which the scaffold (exact attention) solves as vanilla does
+    accuracy = {
+        row["task"]: row for row in all_rows if "task" in row and row["variant"] == "myattn"
+    }
+    assert set(accuracy) == {"lookback", "mqar"}
+    assert all(row["status"] == "ok" for row in accuracy.values())
+    assert accuracy["lookback"]["accuracy_mean"] > accuracy["lookback"]["chance"]
+    assert accuracy["mqar"]["accuracy_mean"] >= 0.95
     assert all(row["time_ms"] > 0 and row["peak_memory_bytes"] > 0 for row in rows)
     # The scaffold is exact attention, so its fidelity to exact attention is exact.
     (forward,) = (row for row in rows if row["pass"] == "forward")
