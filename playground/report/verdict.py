@@ -75,6 +75,9 @@ class Score:
     values: tuple[float, ...]
     data: str
     """What fixes the data besides the seed: the task's options, or the corpus."""
+    state_bytes: float | None = None
+    """The trained model's decoding state per sequence at the task's length, where the
+    row carries it (run.state_size): the cost beside a run that timed no decode pass."""
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,15 @@ def quality_scores(rows: Sequence[dict[str, Any]]) -> list[Score]:
         seeds = tuple(row.get("seeds") or ())
         setup = setup_name(row) if is_language_row(row) else str(row["label"])
         scores.append(
-            Score(setup, str(row["label"]), _metric(row), seeds, tuple(map(float, values)), data)
+            Score(
+                setup,
+                str(row["label"]),
+                _metric(row),
+                seeds,
+                tuple(map(float, values)),
+                data,
+                row.get("state_bytes"),
+            )
         )
     return scores
 
@@ -248,7 +259,7 @@ def verdicts(
                 cost_length=at,
                 efficiency=efficiency,
                 time_ratio=ratio,
-                state_bytes=state,
+                state_bytes=score.state_bytes if state is None else state,
                 direction=score.metric.direction,
             )
         )

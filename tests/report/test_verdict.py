@@ -262,3 +262,16 @@ def test_a_run_with_quality_rows_ends_with_the_verdict(tmp_path: Path, capsys) -
         (written,) = list(csv.DictReader(handle))
     assert written["pairing"] == PAIRED and written["seeds"] == "2"
     assert (directory / "figures" / "scorecard.png").is_file()
+
+
+def test_a_run_without_a_decode_pass_shows_the_rows_own_decoding_state() -> None:
+    """An accuracy row that carries its model's state bytes (recall_state.toml) puts them
+    in the verdict's cost column; without them the column says not measured."""
+    rows = [
+        {**accuracy_row("vanilla", BASELINE), "state_bytes": 65_664.0},
+        {**accuracy_row("linear", [0.30, 0.41, 0.33]), "state_bytes": 8_704.0},
+        accuracy_row("other", [0.30, 0.41, 0.33]),
+    ]
+    found = verdicts(rows, "vanilla")
+    assert only(found, "linear").state_bytes == 8_704.0
+    assert only(found, "other").state_bytes is None
