@@ -1,5 +1,6 @@
 """What the restructure (issue 31) must not change: every shipped spec plans the cells it
-planned before, and a run directory written by the code before the move still loads,
+planned before (mqar.toml and quick.toml as issue 43 changed them: a learning-rate sweep,
+a recall task), and a run directory written by the code before the move still loads,
 summarises, plots, reports and resumes (nothing left to measure)."""
 
 from __future__ import annotations
