@@ -23,6 +23,7 @@ from playground.report.tables import (
     print_nodes,
     print_summary,
     print_sweeps,
+    print_task_grid,
 )
 from playground.report.verdict import VERDICT, print_verdicts, run_verdicts
 from playground.run.cells import pending_cells, plan
@@ -83,6 +84,7 @@ def _execute(registry: Registry, store: RunStore, spec, overrides: dict, executo
         print_summary(lines, console)
         print_accuracy(store.rows(), console)
         print_language(store.rows(), console)
+        print_task_grid(store.rows(), console)
         write_sweeps(store)
         print_sweeps(store.rows(), console)
         print_nodes(store.rows(), console)

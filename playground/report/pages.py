@@ -37,12 +37,14 @@ from playground.report.tables import (
     SWEEP_NOTE,
     SWEEP_TABLE_COLUMNS,
     SWEEP_TITLE,
+    TASK_GRID_TITLE,
     exponent_entries,
     exponent_note,
     language_entries,
     summary_entries,
     summary_title,
     sweep_entries,
+    task_grid_entries,
 )
 from playground.run.stats import accuracy_bounds, format_interval
 
@@ -264,6 +266,9 @@ def _sections(run: RunData) -> list[tuple[str, Table, str | None]]:
     if run.accuracy:
         accuracy = accuracy_table(run.accuracy)
         sections.append(("Accuracy (mean [95% interval over seeds])", accuracy, None))
+    grid = task_grid_entries(run.rows)
+    if grid[1]:
+        sections.append((TASK_GRID_TITLE, grid, None))
     if run.sweeps:
         entries = sweep_entries(run.sweeps)
         sections.append((SWEEP_TITLE, (list(SWEEP_TABLE_COLUMNS), entries), SWEEP_NOTE))

@@ -78,6 +78,47 @@ def print_learned(rows: list[dict[str, Any]], console: Console) -> None:
     console.print(table)
 
 
+TASK_GRID_TITLE = "Accuracy by setup and task (mean over seeds; of a sweep, its chosen point)"
+
+
+def task_grid_entries(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """(header, entries): one line per setup, one column per task, each the accuracy mean
+    (a cell that did not finish shows its status); ([], []) unless at least two setups
+    were scored on at least two tasks."""
+    scored = accuracy_rows(chosen_rows(rows))
+    tasks = list(dict.fromkeys(str(row["task_label"]) for row in scored))
+    setups = list(dict.fromkeys(str(row["label"]) for row in scored))
+    if len(tasks) < 2 or len(setups) < 2:
+        return [], []
+    cells = {(row["label"], row["task_label"]): row for row in scored}
+    entries = []
+    for setup in setups:
+        line = [setup]
+        for task in tasks:
+            row = cells.get((setup, task))
+            if row is None:
+                line.append("")
+            elif row["status"] != OK or row["accuracy_mean"] is None:
+                line.append(str(row["status"]))
+            else:
+                line.append(f"{row['accuracy_mean']:.3f}")
+        entries.append(line)
+    return ["setup", *tasks], entries
+
+
+def print_task_grid(rows: list[dict[str, Any]], console: Console) -> None:
+    """The setups × tasks table (`task_grid_entries`); nothing for fewer than two of each."""
+    header, entries = task_grid_entries(rows)
+    if not entries:
+        return
+    table = compact_table(TASK_GRID_TITLE)
+    for column in header:
+        table.add_column(column, overflow="fold", justify="left" if column == "setup" else "right")
+    for entry in entries:
+        table.add_row(*map(escape, entry))
+    console.print(table)
+
+
 SWEEP_TITLE = (
     "Sweeps: each setup's point chosen on validation, scored on test (mean [95% interval])"
 )

@@ -19,6 +19,7 @@ from playground.report.plots.recall_state import recall_state_figure
 from playground.report.plots.scaling import METRICS, scaling_figure
 from playground.report.plots.style import FORMATS, assign_colours, save
 from playground.report.plots.sweeps import sweep_figure
+from playground.report.plots.task_grid import task_grid_figure
 from playground.report.plots.verdict import scorecard_figure
 
 FIGURES_DIR = "figures"
@@ -35,6 +36,7 @@ def draw_figures(run: RunData, registry: Registry | None = None) -> dict[str, Fi
         made.update(_drawn("fidelity", lambda: fidelity_figures(run)) or {})
     made["accuracy"] = _drawn("accuracy", lambda: accuracy_figure(run))
     made["cost_vs_accuracy"] = _drawn("cost_vs_accuracy", lambda: cost_accuracy_figure(run))
+    made["task_grid"] = _drawn("task_grid", lambda: task_grid_figure(run))
     made["recall_vs_state"] = _drawn("recall_vs_state", lambda: recall_state_figure(run))
     if run.language:
         made["lm_extrapolation"] = _drawn("lm_extrapolation", lambda: extrapolation_figure(run))

@@ -10,6 +10,8 @@ point is ringed; its test score is the one the tables report.
 
 from __future__ import annotations
 
+import math
+
 from matplotlib.figure import Figure
 
 from playground.report.plots.data import RunData
@@ -39,10 +41,14 @@ def sweep_figure(run: RunData) -> Figure | None:
     if not drawn:
         return None
     panels = sorted({(choice.sweep, choice.eval_length, key) for choice, key in drawn}, key=str)
+    columns = min(3, len(panels))
+    rows = math.ceil(len(panels) / columns)
     figure = new_figure(
-        len(panels), "Validation score across the sweep, each setup's choice ringed"
+        columns, "Validation score across the sweep, each setup's choice ringed", rows=rows
     )
-    for axes, (sweep, length, key) in zip(figure.axes, panels, strict=True):
+    for unused in figure.axes[len(panels) :]:
+        unused.set_visible(False)
+    for axes, (sweep, length, key) in zip(figure.axes, panels, strict=False):
         values: list[float] = []
         metric = "score"
         for choice, choice_key in drawn:
@@ -64,6 +70,9 @@ def sweep_figure(run: RunData) -> Figure | None:
                 if chosen:
                     axes.plot(x, y, "o", markersize=11, markerfacecolor="none", color=colour)
         log_axis(axes, values, which="x")
+        if metric == "accuracy":  # a t interval over few seeds may reach past [0, 1]
+            low, high = axes.get_ylim()
+            axes.set_ylim(max(-0.02, low), min(1.02, high))
         axes.set_xlabel(key.replace("_", " "))
         axes.set_ylabel(f"validation {metric.replace('_', ' ')} ({CONFIDENCE:.0%} interval)")
         axes.set_title(sweep + ("" if length is None else f" at n={length}"), fontsize=9)
