@@ -48,7 +48,11 @@ def task_runs(
     Each problem goes to `problems` once, however many points share it."""
     where = f"tasks[{index}]"
     swept = (
-        {key: entry[key] for key in SWEEPABLE if isinstance(entry.get(key), list)}
+        {
+            key: [_as_setting(key, value) for value in entry[key]]
+            for key in SWEEPABLE
+            if isinstance(entry.get(key), list)
+        }
         if isinstance(entry, dict)
         else {}
     )
@@ -58,7 +62,7 @@ def task_runs(
             problems.add(f"{where}.{key}: sweeps an empty list; give at least one value")
             malformed = True
         elif len(set(map(repr, values))) < len(values):
-            problems.add(f"{where}.{key}: lists {values!r}, a value twice; give each once")
+            problems.add(f"{where}.{key}: lists {entry[key]!r}, a value twice; give each once")
             malformed = True
     if malformed:
         return []
@@ -70,6 +74,15 @@ def task_runs(
         if run is not None:
             runs.append(run)
     return runs
+
+
+def _as_setting(key: str, value: Any) -> Any:
+    """A swept value as its setting holds it: a number of a float setting as a float, so
+    that `learning_rate = [1, 1.0]` is one value twice (not two cells training alike) and
+    the grid tag reads as the setting does (`learning_rate=1.0`)."""
+    if TASK_SETTINGS[key] is float and is_instance_of(value, float):
+        return float(value)
+    return value
 
 
 def task_run(

@@ -88,6 +88,12 @@ def test_a_swept_model_setting_is_named_by_the_grid_alone(tmp_path, registry) ->
     [
         ("learning_rate = []", r"tasks\[0\]\.learning_rate: sweeps an empty list"),
         ("learning_rate = [1e-3, 1e-3]", r"tasks\[0\]\.learning_rate: lists .* a value twice"),
+        # an integer and a float of one number are one value: two cells would train alike
+        (
+            "learning_rate = [1, 1.0]",
+            r"tasks\[0\]\.learning_rate: lists \[1, 1\.0\], a value twice",
+        ),
+        ("weight_decay = [0, 0.0]", r"tasks\[0\]\.weight_decay: lists \[0, 0\.0\], a value twice"),
         ("weight_decay = [-0.1, 0.1]", r"tasks\[0\]\.weight_decay: must be a number ≥ 0"),
         ("batch_size = [4, 0]", r"tasks\[0\]\.batch_size: must be a positive integer; got 0"),
     ],
@@ -95,6 +101,16 @@ def test_a_swept_model_setting_is_named_by_the_grid_alone(tmp_path, registry) ->
 def test_a_bad_sweep_is_refused_naming_its_key(tmp_path, registry, grid, message) -> None:
     with pytest.raises(SpecError, match=message):
         load_spec(write(tmp_path, grid), registry)
+
+
+def test_an_integer_point_of_a_float_setting_is_labelled_as_the_setting_holds_it(
+    tmp_path, registry
+) -> None:
+    spec = load_spec(write(tmp_path, "learning_rate = [1, 0.5]\n    weight_decay = [0]"), registry)
+    first = spec.tasks[0]
+    assert first.grid == {"learning_rate": 1.0, "weight_decay": 0.0}
+    assert all(isinstance(value, float) for value in first.grid.values())
+    assert first.label.endswith("learning_rate=1.0 weight_decay=0.0")
 
 
 def test_seeds_are_not_a_hyperparameter_to_sweep(tmp_path, registry) -> None:
