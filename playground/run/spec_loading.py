@@ -162,12 +162,21 @@ def load_spec(path: str | Path, registry: Registry, sizes: dict[str, int] | None
         key: data[key] for key in ("d_model", "num_heads") if key in data and only_accuracy
     }
     tasks = []
+    sweeps: list[str] = []
     for index, entry in enumerate(data.get("tasks", [])):
-        tasks += task_runs(entry, index, registry, data.get("seed", Spec.seed), problems, widths)
-    repeated = first_repeated(label for task in tasks for label in (*task.stage_labels, task.label))
+        runs = task_runs(entry, index, registry, data.get("seed", Spec.seed), problems, widths)
+        tasks += runs
+        # a sweep's label, once per table: the report gives its choice under that label
+        sweeps += {run.sweep for run in runs if run.sweep}
+    repeated = first_repeated(
+        [*(label for task in tasks for label in (*task.stage_labels, task.label)), *sweeps]
+    )
     if repeated:
         problems.key(
-            "tasks", f"the task {repeated} is listed more than once; remove the repeated table"
+            "tasks",
+            f"the task {repeated} is listed more than once; remove the repeated table (a "
+            "sweep's chosen point is reported under the task's own label, so a sweep and "
+            "another table of the task would share it: give every value in one table)",
         )
     known = [name for variant in variants for name in (variant.name, variant.label)]
     baseline = data.get("baseline")
