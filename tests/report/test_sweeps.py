@@ -191,6 +191,22 @@ def test_the_run_writes_sweeps_csv_prints_the_table_and_draws_the_figure(tmp_pat
     assert report == "" or "Sweeps" in report
 
 
+def test_a_swept_zero_is_drawn_where_it_was_chosen(tmp_path: Path) -> None:
+    # weight decay alone swept, best at 0.0: a log x axis would drop that point and its ring
+    rows = [
+        point("vanilla", 1e-3, [0.9, 0.91, 0.92], [0.9] * 3, weight_decay=0.0),
+        point("vanilla", 1e-3, [0.5, 0.51, 0.52], [0.5] * 3, weight_decay=0.1),
+    ]
+    for row in rows:
+        row["cell"] += f" weight_decay={row['grid']['weight_decay']}"
+    figure = sweep_figure(load_run(write_judged_run(tmp_path / "run", rows)))
+    assert figure is not None
+    axes = figure.axes[0]
+    assert axes.get_xlabel() == "weight decay" and axes.get_xscale() == "linear"
+    low, high = axes.get_xlim()
+    assert low < 0.0 < 0.1 < high
+
+
 def test_a_run_without_a_sweep_draws_no_sweep_figure(tmp_path: Path) -> None:
     rows = [{**row, "grid": {}} for row in grid_rows()]
     run = load_run(write_judged_run(tmp_path / "run", rows))

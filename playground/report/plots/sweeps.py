@@ -69,7 +69,8 @@ def sweep_figure(run: RunData) -> Figure | None:
             for x, y, _, chosen in profile:
                 if chosen:
                     axes.plot(x, y, "o", markersize=11, markerfacecolor="none", color=colour)
-        log_axis(axes, values, which="x")
+        if min(values) > 0:  # a log axis would drop a 0 (weight_decay = [0.0, 0.1])
+            log_axis(axes, values, which="x")
         if metric == "accuracy":  # a t interval over few seeds may reach past [0, 1]
             low, high = axes.get_ylim()
             axes.set_ylim(max(-0.02, low), min(1.02, high))
