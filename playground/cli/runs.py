@@ -15,6 +15,10 @@ from playground.registry import Registry
 from playground.report.bench_history import HISTORY_FIGURE, plot_history
 from playground.report.pages import write_report
 from playground.report.plots import plot_run
+from playground.report.suite_tables import (
+    print_sweeps,
+    print_task_grid,
+)
 from playground.report.summary import spec_baseline, write_summary
 from playground.report.sweeps import write_sweeps
 from playground.report.tables import (
@@ -22,8 +26,6 @@ from playground.report.tables import (
     print_language,
     print_nodes,
     print_summary,
-    print_sweeps,
-    print_task_grid,
 )
 from playground.report.verdict import VERDICT, print_verdicts, run_verdicts
 from playground.run.cells import pending_cells, plan

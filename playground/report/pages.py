@@ -27,6 +27,14 @@ from typing import Any
 from playground.report.language import Continuation, continuations
 from playground.report.learned import LEARNED_COLUMNS, LEARNED_TITLE, learned_entries
 from playground.report.plots.data import OK, RunData, load_run
+from playground.report.suite_tables import (
+    SWEEP_NOTE,
+    SWEEP_TABLE_COLUMNS,
+    SWEEP_TITLE,
+    TASK_GRID_TITLE,
+    sweep_entries,
+    task_grid_entries,
+)
 from playground.report.summary import Line, ceilings_from_env, summarize
 from playground.report.tables import (
     EXPONENT_COLUMNS,
@@ -34,17 +42,11 @@ from playground.report.tables import (
     LANGUAGE_TITLE,
     SCALING_TITLE,
     SUMMARY_COLUMNS,
-    SWEEP_NOTE,
-    SWEEP_TABLE_COLUMNS,
-    SWEEP_TITLE,
-    TASK_GRID_TITLE,
     exponent_entries,
     exponent_note,
     language_entries,
     summary_entries,
     summary_title,
-    sweep_entries,
-    task_grid_entries,
 )
 from playground.run.stats import accuracy_bounds, format_interval
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +55,9 @@ class Choice:
 
 def _validation(row: dict[str, Any]) -> float | None:
     value = row.get("validation_mean")
-    return float(value) if row.get("status") == "ok" and value is not None else None
+    if row.get("status") != "ok" or value is None or not math.isfinite(float(value)):
+        return None  # a non-finite score is none: max() would keep a NaN it met first
+    return float(value)
 
 
 def is_swept(row: dict[str, Any]) -> bool:

@@ -16,6 +16,10 @@ from rich.console import Console
 from playground.cli import main
 from playground.report.plots import load_run, plot_run
 from playground.report.plots.sweeps import sweep_figure, swept_key
+from playground.report.suite_tables import (
+    print_sweeps,
+    sweep_entries,
+)
 from playground.report.sweeps import (
     SWEEPS,
     SweepPointMissing,
@@ -25,7 +29,6 @@ from playground.report.sweeps import (
     chosen_rows,
     write_sweeps,
 )
-from playground.report.tables import print_sweeps, sweep_entries
 from playground.report.verdict import BETTER, VERDICT, WORSE, verdicts
 from playground.run.store import RunStore
 from tests.report.test_verdict import write_judged_run
@@ -233,3 +236,10 @@ def test_the_verdict_command_holds_sweeps_at_a_point_and_leaves_verdict_csv(
     assert (directory / VERDICT).read_text() == written  # the run's own verdict stays
     assert main(["verdict", str(directory), "--at", "lr"]) == 2
     assert "KEY=VALUE" in capsys.readouterr().err
+
+
+def test_a_non_finite_validation_score_is_never_chosen() -> None:
+    rows = grid_rows()[:3]
+    rows[0] = {**rows[0], "validation_mean": float("nan")}
+    (choice,) = choices(rows)
+    assert choice.chosen is rows[1] and len(choice.scored) == 2

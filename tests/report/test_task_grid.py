@@ -12,7 +12,10 @@ from rich.console import Console
 
 from playground.report.plots import load_run
 from playground.report.plots.task_grid import progress_above_chance, task_grid_figure
-from playground.report.tables import print_task_grid, task_grid_entries
+from playground.report.suite_tables import (
+    print_task_grid,
+    task_grid_entries,
+)
 from tests.report.test_sweeps import point
 from tests.report.test_verdict import accuracy_row, write_judged_run
 
