@@ -18,12 +18,7 @@ from playground.run.spec import SpecError
 from playground.run.spec_loading import load_spec
 from playground.run.store import RunStore
 
-SPEC = """
-    name = "swept"
-    measures = ["accuracy"]
-    threads = 1
-    accuracy_workers = {workers}
-
+TABLE = """
     [[tasks]]
     name = "lookback"
     seq_len = 12
@@ -34,10 +29,20 @@ SPEC = """
     num_heads = 2
     num_layers = 1
     {grid}
-
+"""
+SPEC = (
+    """
+    name = "swept"
+    measures = ["accuracy"]
+    threads = 1
+    accuracy_workers = {workers}
+"""
+    + TABLE
+    + """
     [[variants]]
     name = "vanilla"
 """
+)
 GRID = "learning_rate = [1e-3, 3e-2]\n    weight_decay = [0.0, 0.5]"
 
 
@@ -113,27 +118,13 @@ def test_an_integer_point_of_a_float_setting_is_labelled_as_the_setting_holds_it
     assert first.label.endswith("learning_rate=1.0 weight_decay=0.0")
 
 
-PLAIN_TABLE = """
-    [[tasks]]
-    name = "lookback"
-    seq_len = 12
-    offset = 2
-    steps = 3
-    seeds = 2
-    d_model = 16
-    num_heads = 2
-    num_layers = 1
-    {grid}
-"""
-
-
 @pytest.mark.parametrize("other", ["", "learning_rate = [1e-2]", "weight_decay = [0.0, 0.1]"])
 def test_a_sweep_and_another_table_of_its_task_are_refused(tmp_path, registry, other) -> None:
     # The report gives a sweep's chosen point under the sweep's label, the task's own: a
     # second table of the task (swept or not) would share it, and the verdict would then
     # compare one setup's sweep with the baseline's other table.
     path = write(tmp_path, "learning_rate = [1e-3, 3e-3]")
-    path.write_text(path.read_text() + textwrap.dedent(PLAIN_TABLE.format(grid=other)))
+    path.write_text(path.read_text() + textwrap.dedent(TABLE.format(grid=other)))
     with pytest.raises(SpecError, match=r"the task 'lookback\(seq_len=12, offset=2\) d_model=16 "
                        r"num_heads=2 num_layers=1' is listed more than once"):  # fmt: skip
         load_spec(path, registry)
