@@ -159,6 +159,7 @@ def test_every_figure_is_written_and_non_trivial(full_run: tuple[Path, list]) ->
         "fidelity_vs_linformer_k",
         "accuracy",
         "cost_vs_accuracy",
+        "task_grid",  # two setups on two tasks
         "attention_patterns",
     }
     assert {path.suffix for path in written} == {".png"}
