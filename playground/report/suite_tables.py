@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from playground.report.summary import OK, accuracy_rows
-from playground.report.sweeps import Choice, choices, chosen_rows, grid_text
+from playground.report.sweeps import Choice, choices, chosen_rows, grid_text, test_score
 from playground.report.tables import compact_table
 
 TASK_GRID_TITLE = "Accuracy by setup and task (mean over seeds; of a sweep, its chosen point)"
@@ -87,8 +87,7 @@ def sweep_entries(found: Sequence[Choice]) -> list[list[str]]:
             status = f"{failure.get('status')}: {failure.get('error')}"
             entries.append([choice.setup, task, "-", "-", status, f"0 of {len(choice.points)}"])
             continue
-        test = row.get("accuracy_mean", row.get("bits_per_byte_mean"))
-        test_half = row.get("accuracy_ci95", row.get("bits_per_byte_ci95"))
+        test, test_half = test_score(row)
         entries.append(
             [
                 choice.setup,

@@ -160,7 +160,8 @@ def grid_text(grid: dict[str, Any] | None) -> str:
     return ", ".join(f"{key}={value}" for key, value in (grid or {}).items())
 
 
-def _test_score(row: dict[str, Any]) -> tuple[float | None, float | None]:
+def test_score(row: dict[str, Any]) -> tuple[float | None, float | None]:
+    """The row's test score and its 95 % half-width, in its own metric."""
     if is_language_row(row):
         return row.get("bits_per_byte_mean"), row.get("bits_per_byte_ci95")
     return row.get("accuracy_mean"), row.get("accuracy_ci95")
@@ -189,7 +190,7 @@ def sweep_records(found: Sequence[Choice]) -> list[dict[str, Any]]:
     records = []
     for choice in found:
         for row in choice.points:
-            test, test_half = _test_score(row)
+            test, test_half = test_score(row)
             records.append(
                 {
                     "setup": choice.setup,

@@ -37,7 +37,7 @@ from playground.run.language import (
     language_fields,
     score_language,
 )
-from playground.run.model_settings import build_model, grid_tag, training_label
+from playground.run.model_settings import build_model, sweep_label, training_label
 from playground.run.state_size import StateSize, scored_state_sizes, state_fields
 from playground.run.stats import interval_half_width, proportion_interval
 from playground.tasks import IGNORE, LanguageTask, Task
@@ -229,7 +229,7 @@ def row_fields(
         )
         sweep = {
             "grid": dict(prepared.job.grid),
-            "sweep": label.removesuffix(grid_tag(prepared.job.grid)).strip(),
+            "sweep": sweep_label(label, prepared.job.grid),
         }
         return {
             "task": task.name,

@@ -67,6 +67,12 @@ def training_label(
     )
 
 
+def sweep_label(label: str, grid: dict[str, Any]) -> str:
+    """The label every point of a sweep shares: `label` less its grid tag ("" outside a
+    sweep)."""
+    return label.removesuffix(grid_tag(grid)).strip() if grid else ""
+
+
 def grid_tag(grid: dict[str, Any]) -> str:
     """A sweep's point as its cells' labels end with it: `learning_rate=0.001
     weight_decay=0.1` ("" outside a sweep)."""

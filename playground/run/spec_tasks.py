@@ -16,8 +16,8 @@ from playground.run.jobs import Stage, curriculum_tasks
 from playground.run.model_settings import (
     MODEL_DEFAULTS,
     POSITIONAL_ENCODINGS,
-    grid_tag,
     settings_label,
+    sweep_label,
     training_label,
 )
 from playground.run.spec import (
@@ -251,7 +251,7 @@ def task_run(
         ),
         settings_label=settings_label(**{k: v for k, v in model.items() if k not in grid}),
         grid=grid,
-        sweep=label.removesuffix(grid_tag(grid)).strip() if grid else "",
+        sweep=sweep_label(label, grid),
         **settings,
     )
 

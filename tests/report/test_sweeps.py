@@ -14,6 +14,7 @@ import pytest
 from rich.console import Console
 
 from playground.cli import main
+from playground.report.pages import write_report
 from playground.report.plots import load_run, plot_run
 from playground.report.plots.sweeps import sweep_figure, swept_key
 from playground.report.suite_tables import (
@@ -190,8 +191,10 @@ def test_the_run_writes_sweeps_csv_prints_the_table_and_draws_the_figure(tmp_pat
     assert sweep_figure(run) is not None
     written = plot_run(directory)
     assert any(path.stem == "sweeps" for path in written)
-    report = (directory / "report.md").read_text() if (directory / "report.md").exists() else ""
-    assert report == "" or "Sweeps" in report
+    _, markdown = write_report(directory, written)
+    report = markdown.read_text()
+    assert "Sweeps: each setup's point chosen on validation" in report
+    assert "learning_rate=0.003" in report and "1 of 4" in report
 
 
 def test_a_swept_zero_is_drawn_where_it_was_chosen(tmp_path: Path) -> None:
