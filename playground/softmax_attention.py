@@ -17,7 +17,7 @@ the hook), so a wrong layout fails with a message instead of deep inside a kerne
   with torch operations (`score - slope[h] * (q_idx - kv_idx).abs()`) works unchanged; then
   a masked softmax. The oracle.
 - Structure. Whether a `score_mod` is relative (score + g(h, kv − q)) or additive
-  (score + f(b, h, q, kv)) is proven by tracing it on every call (`mod_structure.
+  (score + f(b, h, q, kv)) is proven by tracing it on every call (`mods.structure.
   analyse_mods`, a torch.fx graph read, not sampled values: a plain attribute the mod
   branches on may change between calls), or declared (`relative_score_mod`,
   `additive_score_mod`, which override the trace); `score_mod_structure()` says which and
@@ -26,7 +26,7 @@ the hook), so a wrong layout fails with a message instead of deep inside a kerne
   without a `mask_mod` is evaluated once per relative position and
   run by `kernels.relative_bias_attention` (a Toeplitz view; a fused backward for g),
   unless g is −inf somewhere (a query may then see no key: the blocked path finds it).
-  Otherwise `kernels.mod_scheduler` runs blocks of queries: on every call, as
+  Otherwise `mods.scheduler` runs blocks of queries: on every call, as
   FlexAttention builds its block mask, `mask_mod` (with causality) gives the span of keys
   each block can see (a mod may read state that changes between calls: document ids, a
   scheduled window), and keys outside it are never touched, so a window of w costs
@@ -34,7 +34,7 @@ the hook), so a wrong layout fails with a message instead of deep inside a kerne
   itself. An additive bias that never reads q_idx (one row per key) skips the blocks:
   `kernels.key_bias_attention` folds it into the keys, one fused call. In float32 with
   the native kernels built, an additive `score_mod` and `mask_mod` are lowered to a
-  program (`kernels.mod_program`) that the native blocked kernels evaluate per row, in
+  program (`mods.lowering`) that the native blocked kernels evaluate per row, in
   cache, forward and backward (its learned parameters get their gradients there): no
   bias is stored, and a relative one needs no Toeplitz view. Otherwise, within a span, an
   additive `score_mod` is turned into a bias for fused SDPA; any other is applied to explicit
@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
@@ -67,14 +67,16 @@ from playground.heads import (
     project_output,
     projection_flops,
 )
-from playground.kernels import native, relative_bias_attention
+from playground.kernels import relative_bias_attention
 from playground.kernels.flex import flex_mod_attention
 from playground.kernels.key_bias import key_bias_attention
-from playground.kernels.mod_grid import allowed_pairs, index_grid
-from playground.kernels.mod_program import ModProgram, lower
-from playground.kernels.mod_scheduler import ModScheduler
 from playground.masks import masked_softmax, queries_without_keys
-from playground.mod_structure import ModAnalysis, ModStructure, analyse_mods
+from playground.mods.dispatch import CallFacts, CpuDispatch, CpuPath, cpu_path
+from playground.mods.grid import allowed_pairs, index_grid, score_per_offset
+from playground.mods.lowering import program_for_call
+from playground.mods.program import ModProgram
+from playground.mods.scheduler import ModScheduler
+from playground.mods.structure import ModAnalysis, ModStructure, analyse_mods
 
 
 @dataclass(frozen=True)
@@ -236,36 +238,13 @@ class SoftmaxAttention(AttentionVariant):
             declared if self._has_score_mod else None,
         )
 
-    def cpu_kernel(self, n: int = 4096) -> str:
-        """Which kernel the float32 CPU fast path runs on n tokens of self-attention
-        without padding, in inference and training alike, and why: what `playground info`
-        and the run's rows report."""
-        if not (self._has_score_mod or self._has_mask_mod):
-            return "one fused SDPA call (no mods)"
-        mods = self._mods(torch.float32)
-        if self._has_score_mod and mods.score.per_key and not self._has_mask_mod:
-            return "the bias folded into the keys: one fused SDPA call"
-        if self._has_score_mod and not mods.score.additive:
-            return (
-                "blocks of explicit scores on torch's operations (the score_mod is not "
-                f"additive: {mods.score.reason})"
-            )
-        if native.load() is None:
-            reason = f"the native kernels are not built ({native.build_state().reason})"
-        else:
-            device = self.q_proj.weight.device
-            score_mod = self.score_mod if self._has_score_mod else None
-            mask_mod = self.mask_mod if self._has_mask_mod else None
-            program = lower(
-                score_mod, mask_mod, self, 1, self.num_heads, n, n, None, False, device,
-                traced=mods.traced,
-            )  # fmt: skip
-            if isinstance(program, ModProgram):
-                return "per row in the native kernels (a mod program)"
-            reason = f"the program cannot express {program}"
-        if self._has_score_mod and mods.score.kind == "relative" and not self._has_mask_mod:
-            return f"a Toeplitz bias (relative_bias_attention): {reason}"
-        return f"blocks on torch's operations: {reason}"
+    def cpu_kernel(self, n: int = 4096) -> CpuDispatch:
+        """The path the float32 CPU fast path takes on n tokens of self-attention without
+        padding, in inference and training alike, and why (`mods.dispatch`): decided as
+        a call decides it. `playground info` prints it; a run's rows print the path their
+        own calls took (`cpu_path_taken`)."""
+        like = torch.zeros((), device=self.q_proj.weight.device)
+        return self._cpu_dispatch(self._mods(torch.float32), (1, n, n), None, True, like)[0]
 
     @property
     def _has_mask_mod(self) -> bool:
@@ -430,59 +409,90 @@ class SoftmaxAttention(AttentionVariant):
         )
 
     # --- fast paths --------------------------------------------------------------------
+    cpu_path_taken: CpuDispatch | None = None
+    """The CPU path the last fast call took, and why (`mods.dispatch`): what the run's rows
+    report of the calls they time."""
+
     def forward_fast(
         self, query, key, value, attention_mask, is_causal, need_weights
     ) -> AttentionOutput:
-        empty: torch.Tensor | None  # (B, Nq, 1): the queries that see no key
         if query.is_cuda:
             return self._forward_flex(query, key, value, attention_mask, is_causal)
+        n_q, n_k = query.shape[1], key.shape[1]
         mods = self._mods(query.dtype)  # traced now: verdicts as fresh as the spans
-        scheduler = self._scheduler(mods)
-        batch, n_q, n_k = query.shape[0], query.shape[1], key.shape[1]
-        # A relative bias the native kernels can evaluate per row needs no Toeplitz view.
-        if (
-            mods.score.kind == "relative"
-            and not self._has_mask_mod
-            and scheduler.lowered(batch, self.num_heads, n_q, n_k, attention_mask, is_causal, query)
-            is None
-        ):
-            relative_bias = scheduler.score_per_offset(
-                self.num_heads, query.shape[1], key.shape[1], query
-            )  # (H, Nq + Nk − 1)
-            # A −inf in g hides keys and may leave a query none, which the Toeplitz kernel
-            # cannot tell (its output must be zero); the blocked path finds such queries.
-            if not bool(torch.isneginf(relative_bias).any()):
-                q, k, v = self._projected(query, key, value)  # (B, H, N, d)
-                context = relative_bias_attention(
-                    q,
-                    k,
-                    v,
-                    relative_bias,
-                    attention_mask,
-                    is_causal,
-                    self.scale,
-                    self.config.block_size,
-                )
-                n_q, n_k = q.shape[2], k.shape[2]
-                empty = queries_without_keys(attention_mask, n_q, n_k, is_causal)  # (B, Nq, 1)
-                return AttentionOutput(self._output(context, query, empty), None)
+        shape = (query.shape[0], n_q, n_k)
+        dispatch, bias = self._cpu_dispatch(mods, shape, attention_mask, is_causal, query)
+        # Kept without its program, whose leaves hold this call's graph.
+        self.cpu_path_taken = replace(dispatch, program=None)
         q, k, v = self._projected(query, key, value)  # (B, H, N, d)
-        if mods.score.per_key and not self._has_mask_mod:
-            # A bias that never reads q_idx: one row per key, folded into the keys.
-            b, h, q_idx, kv_idx = index_grid(
-                q.shape[0],
-                self.num_heads,
-                torch.zeros(1, dtype=torch.long, device=q.device),
-                torch.arange(k.shape[2], device=q.device),
-            )
-            zero = torch.zeros((), dtype=q.dtype, device=q.device)  # the scores' precision
-            bias = self._scores(zero, b, h, q_idx, kv_idx)
-            if bool(bias.isfinite().all()):  # −inf hides keys: the blocked path handles it
+        empty: torch.Tensor | None  # (B, Nq, 1): the queries that see no key
+        if dispatch.path in (CpuPath.TOEPLITZ, CpuPath.KEY_BIAS):
+            assert bias is not None, "these paths come with their evaluated bias"
+            if dispatch.path is CpuPath.TOEPLITZ:  # bias (H, Nq + Nk − 1)
+                context = relative_bias_attention(
+                    q, k, v, bias, attention_mask, is_causal, self.scale, self.config.block_size
+                )
+            else:  # bias (B or 1, H or 1, 1, Nk)
                 context = key_bias_attention(q, k, v, bias, attention_mask, is_causal, self.scale)
-                empty = queries_without_keys(attention_mask, q.shape[2], k.shape[2], is_causal)
-                return AttentionOutput(self._output(context, query, empty), None)
-        context, empty = scheduler.attend(q, k, v, attention_mask, is_causal)
+            empty = queries_without_keys(attention_mask, n_q, n_k, is_causal)
+        else:
+            scheduler = ModScheduler(
+                score_mod=self._scores if self._has_score_mod else None,
+                mask_mod=self._mask if self._has_mask_mod else None,
+                path=dispatch.path,
+                scale=self.scale,
+                block_size=self.config.block_size,
+                program=dispatch.program,
+                relative_mask=mods.relative_mask,
+            )
+            context, empty = scheduler.attend(q, k, v, attention_mask, is_causal)
         return AttentionOutput(self._output(context, query, empty), None)
+
+    def _cpu_dispatch(
+        self,
+        mods: ModAnalysis,
+        shape: tuple[int, int, int],
+        attention_mask: torch.Tensor | None,
+        is_causal: bool,
+        like: torch.Tensor,
+    ) -> tuple[CpuDispatch, torch.Tensor | None]:
+        """This call's CPU path (`mods.dispatch.cpu_path`) for `shape` (B, Nq, Nk) and
+        `mods` (this call's verdicts), and the bias the `KEY_BIAS` and `TOEPLITZ` paths
+        run on, evaluated in `like`'s dtype: only its values can show that it hides keys,
+        and then the decision is asked again."""
+        batch, n_q, n_k = shape
+        score = mods.score if self._has_score_mod else None
+        score_mod = self.score_mod if self._has_score_mod else None
+        mask_mod = self.mask_mod if self._has_mask_mod else None
+
+        @functools.cache  # lowered once, if the decision gets that far
+        def program() -> ModProgram | str:
+            call = (batch, self.num_heads, n_q, n_k)
+            return program_for_call(
+                score_mod, mask_mod, self, score, call, attention_mask, is_causal, like, mods.traced
+            )
+
+        facts = CallFacts(score, self._has_mask_mod, attention_mask is not None, program)
+        dispatch = cpu_path(facts)
+        if dispatch.path is CpuPath.TOEPLITZ:  # g(h, kv − q) once per offset
+            bias = score_per_offset(self._scores, self.num_heads, n_q, n_k, like)
+            hides_keys = bool(torch.isneginf(bias).any())
+        elif dispatch.path is CpuPath.KEY_BIAS:  # f(b, h, kv): one row per key
+            b, h, q_idx, kv_idx = index_grid(
+                batch,
+                self.num_heads,
+                torch.zeros(1, dtype=torch.long, device=like.device),
+                torch.arange(n_k, device=like.device),
+            )
+            zero = torch.zeros((), dtype=like.dtype, device=like.device)  # the scores' dtype
+            bias = self._scores(zero, b, h, q_idx, kv_idx)
+            hides_keys = not bool(bias.isfinite().all())
+        else:
+            return dispatch, None
+        if hides_keys:  # a query may see no key, which these kernels cannot tell
+            again = cpu_path(replace(facts, bias_hides_keys=True))
+            return again, bias if again.path is dispatch.path else None
+        return dispatch, bias
 
     def _forward_flex(self, query, key, value, attention_mask, is_causal) -> AttentionOutput:
         """FlexAttention given the variant's own methods: compiled on CUDA (the fast path
@@ -575,26 +585,6 @@ class SoftmaxAttention(AttentionVariant):
             "decoding_window()",
             f"returned {_described(window)}; it must return how many of the latest keys a "
             "query can still see (a positive integer), or None for all of them",
-        )
-
-    def _scheduler(self, mods: ModAnalysis) -> ModScheduler:
-        """This call's CPU block schedule, over the checked mods (`_scores`, `_mask`), so a
-        wrong result fails naming the hook on every path; `mods`: this call's verdicts."""
-        score_mod = self.score_mod if self._has_score_mod else None
-        mask_mod = self.mask_mod if self._has_mask_mod else None
-        # A program when there is a mod to run, and the score_mod (if any) is additive.
-        lowerable = (score_mod is not None or mask_mod is not None) and (
-            score_mod is None or mods.score.additive
-        )
-        program = functools.partial(lower, score_mod, mask_mod, self, traced=mods.traced)
-        return ModScheduler(
-            score_mod=self._scores if self._has_score_mod else None,
-            mask_mod=self._mask if self._has_mask_mod else None,
-            additive=mods.score.additive,
-            scale=self.scale,
-            block_size=self.config.block_size,
-            program=program if lowerable else None,
-            relative_mask=mods.relative_mask,
         )
 
 

@@ -10,6 +10,8 @@ import pytest
 import torch
 
 import playground
+from playground.mods.dispatch import CpuPath
+from playground.mods.scheduler import ModScheduler
 from playground.testing import check_attention
 from playground.testing.checks import (
     check_bfloat16,
@@ -70,8 +72,8 @@ def test_a_learned_bias_inside_a_window_matches_the_reference():
 def test_the_fast_path_uses_the_fused_backward(monkeypatch):
     """Not SDPA's unfused kernel: the bias's gradient comes from `biased_attention` (in
     float64: in float32 the native kernels evaluate the bias as a mod program, and give
-    its parameters their gradients there; tests/kernels/test_mod_program.py)."""
-    import playground.kernels.mod_scheduler as module
+    its parameters their gradients there; tests/mods/test_program.py)."""
+    import playground.mods.scheduler as module
 
     calls = []
     original = module.biased_attention
@@ -102,7 +104,9 @@ def test_a_dense_mask_is_recomputed_and_a_window_is_kept():
 
     assert peak(2048) < 2.3 * peak(1024)  # linear (1.9); keeping every mask gave 2.8
     window = playground.build("sliding_window", 64, 8, window=64, block_size=64)
-    scheduler = window._scheduler(window._mods())
+    scheduler = ModScheduler(
+        score_mod=None, mask_mod=window._mask, path=CpuPath.MASKED_BLOCKS, scale=1.0, block_size=64
+    )
     spans = scheduler.key_spans(1, 8, 1024, 1024, False, torch.device("cpu"))
     kept = scheduler.mask_bytes(spans, 1, 8, None, torch.device("cpu"))
     assert kept <= 3 * 1024 * 64 * 4  # no larger than q, k and v: kept, not recomputed

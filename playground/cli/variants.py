@@ -62,7 +62,7 @@ def command_info(registry: Registry, arguments: argparse.Namespace) -> int:
         structure = registry.build(cls.name, 512, 8).score_mod_structure()
         console.print(f"score_mod path: {escape(str(structure))}")
         module = registry.build(cls.name, 512, 8)
-        console.print(f"CPU kernel, float32: {escape(module.cpu_kernel())}")
+        console.print(f"CPU kernel, float32: {escape(str(module.cpu_kernel()))}")
     for line in bridges(cls):
         console.print(f"transformers bridge, {escape(line)}")
     table = Table(title=f"options of {cls.name} (playground.build({cls.name!r}, **options))")

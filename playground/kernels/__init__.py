@@ -15,11 +15,10 @@ One kernel and its autograd function per module:
   gradient.
 Beneath them, `common` holds what the fast paths share (`transforms_active`, the hand-over
 to torch's own operations under create_graph=True) and `reference` the dense oracles, which
-the fast paths also recompute through; `native` builds and loads the C++ kernels. Above
-them, `mod_scheduler` (`SoftmaxAttention`'s CPU block scheduler, over `mod_grid`'s calling
-convention), `mod_program` (a mod's bias lowered to instructions the native blocked
-kernels run per row; `program_builder` and `program_operations` beneath it) and `flex`
-(its CUDA flex_attention path) are imported from their modules, not re-exported here.
+the fast paths also recompute through; `native` builds and loads the C++ kernels. `flex`
+(`SoftmaxAttention`'s CUDA flex_attention path) and `key_bias` (a per-key bias folded into
+the keys) are imported from their modules, not re-exported here. The kernels know nothing
+of mods: the `score_mod` compiler that feeds them (`playground.mods`) sits above them.
 
 All are differentiable (twice, through torch's own operations under create_graph=True),
 built on torch's fused attention kernels and `native`'s.

@@ -1,7 +1,7 @@
 """`blocked_attention`: blocks of queries, each over its own span of keys with a mask; on
-CPU one fused forward and one fused backward (`_FlashBlocks`) over all of them.
-`program_attention`: the same blocks with each row's bias computed in the native kernels
-by a mod program (`_ProgramBlocks`), never stored."""
+CPU one fused forward and one fused backward (`_FlashBlocks`) over all of them. The same
+blocks with each row's bias computed by a mod program are `mods.kernel.program_attention`,
+which shares `native_blocks` and `check_blocks`."""
 
 from __future__ import annotations
 
@@ -17,8 +17,6 @@ from playground.kernels.common import (
     rows_unit_stride,
     transforms_active,
 )
-from playground.kernels.program_builder import ModProgram
-from playground.kernels.program_reference import dense_program_bias
 from playground.kernels.reference import dense_attention
 
 Block = tuple[int, int, int, int]
@@ -39,7 +37,7 @@ class _FlashBlocks(torch.autograd.Function):
         if q.dtype == torch.float32 and native.load() is not None:
             out, log_sum_exp = native.load().blocked_forward(
                 *(rows_unit_stride(t) for t in (q, k, v)),
-                _native_blocks(blocks),
+                native_blocks(blocks),
                 _native_masks(masks, q),
                 scale,
             )
@@ -92,7 +90,7 @@ class _FlashBlocks(torch.autograd.Function):
                 rows_unit_stride(grad_out),
                 grad_k,
                 grad_v,
-                _native_blocks(blocks),
+                native_blocks(blocks),
                 _native_masks(masks, q),
                 scale,
             )
@@ -137,7 +135,7 @@ def _block_mask(mask: torch.Tensor, dtype: torch.dtype, rows: int, span: int) ->
     return mask if mask.stride(-1) == 1 or span == 1 else mask.contiguous()
 
 
-def _native_blocks(blocks: Sequence[Block]) -> torch.Tensor:
+def native_blocks(blocks: Sequence[Block]) -> torch.Tensor:
     """Blocks as `playground.kernels.native` takes them: (blocks, 4) int64."""
     return torch.tensor(blocks, dtype=torch.long).view(-1, 4)
 
@@ -147,7 +145,7 @@ def _native_masks(masks: Sequence[torch.Tensor | None], like: torch.Tensor) -> l
     return [like.new_empty(0) if mask is None else mask for mask in masks]
 
 
-def _check_blocks(blocks: Sequence[Block], n_q: int, n_k: int) -> None:
+def check_blocks(blocks: Sequence[Block], n_q: int, n_k: int) -> None:
     """Blocks within the queries and keys, their queries disjoint (a query in two blocks
     would have two outputs): else a ValueError that names the block."""
     covered = 0
@@ -214,7 +212,7 @@ def blocked_attention(
             "blocked_attention gives masks no gradient; a learned bias needs "
             "biased_attention (or relative_bias_attention), which returns one"
         )
-    _check_blocks(blocks, q.shape[2], k.shape[2])
+    check_blocks(blocks, q.shape[2], k.shape[2])
     if q.numel() == 0:
         return q.mul(0)  # no batch, heads or width: empty, with a graph
     masks = [
@@ -236,91 +234,3 @@ def blocked_attention(
                 scale=scale,
             )
     return context
-
-
-class _ProgramBlocks(torch.autograd.Function):
-    """`program_attention` on CPU: the native blocked forward and backward with each row's
-    bias from a mod program, evaluated per row in cache; the backward also sweeps the
-    program in reverse for the gradients of its leaves and tables (`sources`). Under
-    create_graph=True, the program evaluated by torch instead
-    (`program_reference.dense_program_bias`, `differentiable_gradients`)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, blocks, program, scale, *sources):
-        lib = native.load()
-        blocks_tensor = _native_blocks(blocks)
-        out, log_sum_exp = lib.program_forward(q, k, v, blocks_tensor, *program.arguments(), scale)
-        ctx.save_for_backward(q, k, v, out, log_sum_exp)
-        ctx.blocks, ctx.program, ctx.scale = blocks, program, scale
-        ctx.sources = sources
-        ctx.mark_non_differentiable(log_sum_exp)
-        return out, log_sum_exp
-
-    @staticmethod
-    def backward(ctx, grad_out, _):
-        q, k, v, out, log_sum_exp = ctx.saved_tensors
-        program, sources = ctx.program, ctx.sources
-        if torch.is_grad_enabled():  # create_graph=True
-
-            def recompute() -> torch.Tensor:
-                context = torch.zeros_like(q)
-                for start, stop, key_start, key_stop in ctx.blocks:
-                    if key_stop > key_start and stop > start:
-                        rows, keys = range(start, stop), range(key_start, key_stop)
-                        bias = dense_program_bias(program, q.shape[0], q.shape[1], rows, keys)
-                        context[:, :, start:stop] = dense_attention(
-                            q[:, :, start:stop], k[:, :, key_start:key_stop],
-                            v[:, :, key_start:key_stop], bias, ctx.scale,
-                        )  # fmt: skip
-                return context
-
-            gradients = differentiable_gradients((q, k, v, *sources), grad_out, recompute)
-            return (*gradients[:3], None, None, None, *gradients[3:])
-        grad_k = torch.zeros(k.shape, dtype=k.dtype)
-        grad_v = torch.zeros(v.shape, dtype=v.dtype)
-        wanted = [t.requires_grad and ctx.needs_input_grad[6 + i] for i, t in enumerate(sources)]
-        flags = iter(wanted)
-        by_source = {id(t): next(flags) for t in sources}
-        leaf_wanted = torch.tensor([by_source.get(id(t), False) for t in program.leaves])
-        table_wanted = torch.tensor([by_source.get(id(t), False) for t in program.table_sources])
-        grad_q, *grads = native.load().program_backward(
-            q, k, v, out, log_sum_exp, rows_unit_stride(grad_out), grad_k, grad_v,
-            _native_blocks(ctx.blocks), *program.arguments(), ctx.scale,
-            program.differentiable, leaf_wanted.long(), table_wanted.long(),
-        )  # fmt: skip
-        leaf_grads = dict(zip(map(id, program.leaves), grads[: len(program.leaves)], strict=True))
-        table_grads = dict(
-            zip(map(id, program.table_sources), grads[len(program.leaves) :], strict=True)
-        )
-        source_grads = []
-        for source, want in zip(sources, wanted, strict=True):
-            if not want:
-                source_grads.append(None)
-            elif id(source) in leaf_grads:
-                source_grads.append(leaf_grads[id(source)])
-            else:
-                source_grads.append(table_grads[id(source)].view(source.shape).to(source.dtype))
-        return (grad_q, grad_k, grad_v, None, None, None, *source_grads)
-
-
-def program_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    blocks: Sequence[Block],
-    program: ModProgram,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Blocks of queries over their spans of keys (as `blocked_attention`), each row's
-    additive bias, −inf where hidden, from `program` (`kernels.mod_program`), evaluated in
-    the native kernels while the row is in cache: no bias is ever stored. -> (context
-    (B, H, Nq, d), log-sum-exp (B, H, Nq), −inf for a query that sees no key, whose
-    context is 0). float32 on CPU with the native kernels built (`native.load()`). The
-    program's leaves and tables that need gradients get them (a reverse sweep of the
-    program in the native backward)."""
-    if native.load() is None or q.dtype != torch.float32 or q.device.type != "cpu":
-        raise ValueError("program_attention runs float32 on CPU with the native kernels built")
-    _check_blocks(blocks, q.shape[2], k.shape[2])
-    q, k, v = (rows_unit_stride(t) for t in (q, k, v))
-    sources = program.gradient_inputs() if torch.is_grad_enabled() else []
-    return _ProgramBlocks.apply(q, k, v, tuple(blocks), program, scale, *sources)

@@ -27,7 +27,7 @@ from rich.table import Table
 import playground
 from playground import SoftmaxAttention
 from playground.heads import attention_flops, projection_flops
-from playground.kernels.mod_grid import index_grid
+from playground.mods.grid import index_grid
 from playground.run.measure import gemm_flops_per_second, time_call, using_threads
 
 README = Path(__file__).parents[2] / "README.md"
@@ -165,7 +165,7 @@ def main() -> None:
         table.add_row(
             label,
             str(module.score_mod_structure()),
-            module.cpu_kernel(n),
+            str(module.cpu_kernel(n)),
             f"{timing.median_s * 1e3:.0f}",
             f"{efficiency:.2f}",
         )

@@ -68,7 +68,7 @@ def test_mod_variants_take_the_flex_path_on_cuda(monkeypatch):
         raise AssertionError("the CPU blocked path ran on CUDA")
 
     # alibi's CPU fast path is the relative Toeplitz kernel; any other mod's is the scheduler
-    monkeypatch.setattr("playground.kernels.mod_scheduler.ModScheduler.attend", no_cpu_blocks)
+    monkeypatch.setattr("playground.mods.scheduler.ModScheduler.attend", no_cpu_blocks)
     monkeypatch.setattr("playground.softmax_attention.relative_bias_attention", no_cpu_blocks)
     tokens, _ = inputs(64, torch.float32, False)
     module(tokens, impl="fast")

@@ -59,7 +59,11 @@ SOURCES = tuple(
     Path(__file__).with_name(name)
     for name in ("module.cpp", "hankel_backward.cpp", "blocked_attention.cpp")
 )
-HEADERS = tuple(Path(__file__).with_name(name) for name in ("native.h", "mod_program.h"))
+PROGRAM_HEADER = Path(__file__).parents[2] / "mods" / "program.h"
+"""The interpreter of mod programs, which `blocked_attention.cpp` includes: it lives with the
+compiler that writes the programs (`playground.mods`), so that an opcode changes in one
+folder; this library is built from both."""
+HEADERS = (Path(__file__).with_name("native.h"), PROGRAM_HEADER)
 DISABLE_VARIABLE = "PLAYGROUND_NATIVE"
 OFF_VALUES = ("0", "false", "no", "off")
 ON_VALUES = ("1", "true", "yes", "on")
@@ -191,6 +195,7 @@ def _compile(directory: Path) -> ModuleType:
         return cpp_extension.load(
             name=directory.name,
             sources=[str(path) for path in SOURCES],
+            extra_include_paths=[str(Path(__file__).parent), str(PROGRAM_HEADER.parent)],
             extra_cflags=list(CFLAGS),
             extra_ldflags=list(LDFLAGS),
             build_directory=str(directory),

@@ -17,7 +17,7 @@
 // split the (batch, head) pairs; a pair's rows of the outputs are its own, so nothing
 // is shared. float32 only.
 #include "native.h"
-#include "mod_program.h"
+#include "program.h"  // playground/mods/program.h: the mod program interpreter
 
 #include <ATen/Parallel.h>
 

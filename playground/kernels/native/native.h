@@ -90,7 +90,7 @@ at::Tensor blocked_backward(const at::Tensor& q, const at::Tensor& k, const at::
                             const at::Tensor& blocks, const std::vector<at::Tensor>& masks,
                             double scale);
 
-// The blocked kernels with each row's bias from a mod program (mod_program.h) instead of
+// The blocked kernels with each row's bias from a mod program (playground/mods/program.h) instead of
 // masks; a query that sees no key gets log-sum-exp −inf.
 std::vector<at::Tensor> program_forward(const at::Tensor& q, const at::Tensor& k,
                                         const at::Tensor& v, const at::Tensor& blocks,

@@ -39,7 +39,7 @@ from playground.contract import (
     checked_pattern_weights,
 )
 from playground.errors import PlaygroundError
-from playground.kernels.mod_grid import index_grid
+from playground.mods.grid import index_grid
 from playground.registry import Registry, default_registry
 from playground.report.plots.data import RunData, declared, format_value
 from playground.report.plots.style import PANEL_SIZE, finish, readable, variant_colour

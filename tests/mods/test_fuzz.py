@@ -1,9 +1,9 @@
 """Random score_mod / mask_mod pairs, fast path against reference (tests/kernels/
-mod_fuzz.py): a few hundred seeded cases on every run, more behind a flag,
+fuzz.py): a few hundred seeded cases on every run, more behind a flag,
 
-    PLAYGROUND_FUZZ_CASES=10000 [PLAYGROUND_FUZZ_SEED=1] pytest tests/kernels/test_mod_fuzz.py
+    PLAYGROUND_FUZZ_CASES=10000 [PLAYGROUND_FUZZ_SEED=1] pytest tests/mods/test_fuzz.py
 
-(or `python -m tests.kernels.mod_fuzz --cases 10000`), and proof that it catches a
+(or `python -m tests.mods.fuzz --cases 10000`), and proof that it catches a
 lowering that computes a wrong bias and one that loses a gradient."""
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import os
 
 import pytest
 
-from playground.kernels import mod_program, native
-from playground.kernels.program_builder import Builder
-from tests.kernels.mod_fuzz import REQUIRED_FEATURES, fuzz, generate
+from playground.kernels import native
+from playground.mods import lowering as mod_program
+from playground.mods.program import Builder
+from tests.mods.fuzz import REQUIRED_FEATURES, fuzz, generate
 
 CASES = int(os.environ.get("PLAYGROUND_FUZZ_CASES", "300"))
 SEED = int(os.environ.get("PLAYGROUND_FUZZ_SEED", "0"))

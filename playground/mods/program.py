@@ -1,5 +1,5 @@
-"""What a mod program is made of (`kernels.mod_program` lowers a mod into one): the
-opcodes of native/mod_program.h, `ModProgram` (the tensors the native kernels take),
+"""What a mod program is made of (`mods.lowering` lowers a mod into one): the opcodes
+of program.h (its native interpreter), `ModProgram` (the tensors the native kernels take),
 `Slot` (one value inside it) and `Builder`, which allocates slots, leaves and constants
 and emits instructions, with torch's promotion rules and the exact-integer bookkeeping
 (integers within ±2^24 held as floats)."""
@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-# Opcodes, in the order of mod_program.h's enum Opcode.
+# Opcodes, in the order of program.h's enum Opcode.
 OPCODES = [
     "F_ADD",
     "F_SUB",
@@ -66,7 +66,7 @@ class NotLowered(Exception):
 
 @dataclass
 class ModProgram:
-    """The tensors `native.program_forward` takes (see mod_program.h)."""
+    """The tensors `native.program_forward` takes (see program.h)."""
 
     code: torch.Tensor
     slot_types: torch.Tensor

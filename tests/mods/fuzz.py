@@ -5,7 +5,7 @@ every gradient (inputs, projections, learned parameters), causal or not, self or
 attention, padded or not, at several lengths, in float32 and float64, with plain
 attributes and per-batch state changed between two calls.
 
-    python -m tests.kernels.mod_fuzz --cases 10000 [--seed 0]
+    python -m tests.mods.fuzz --cases 10000 [--seed 0]
 
 The grammar holds every class of mod issue 42 found wrong: keyword arguments (`other=`,
 `alpha=`, `input=`, `x.where(...)`), casts of the score, integer constants past 2^24 and
@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 import torch
 
 from playground import SoftmaxAttention
-from playground.kernels.mod_grid import allowed_pairs, index_grid
 from playground.masks import masked_softmax
+from playground.mods.grid import allowed_pairs, index_grid
 from playground.run.measure import using_threads
 
 D_MODEL, HEADS, BATCH, LONGEST, TABLE = 16, 4, 2, 80, 16

@@ -19,38 +19,38 @@ hook when a result is wrong) and runs them on projected q, k, v:
   one `blocked_attention` call, whose fused backward adds each span's key gradients in
   place. FlexAttention has no CPU backward, which is why this path exists.
 
-`score_per_offset` evaluates a relative `score_mod` (score + g(h, kv − q)) once per
-relative position, for `relative_bias_attention`'s Toeplitz view.
+Which of its paths a call takes was decided once, by `mods.dispatch.cpu_path`: the
+scheduler is given the `CpuPath` and runs it (a program, blocks of masked SDPA, or blocks
+of explicit scores), never deciding again.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from playground.kernels import native
 from playground.kernels.biased import biased_attention
-from playground.kernels.blocked import blocked_attention, program_attention
+from playground.kernels.blocked import blocked_attention
 from playground.kernels.common import transforms_active
-from playground.kernels.mod_grid import (
+from playground.masks import masked_softmax
+from playground.mods.dispatch import CpuPath
+from playground.mods.grid import (
     PROGRAM_FINE_BLOCK,
     MaskMod,
-    ProgramOf,
     ScoreMod,
     Span,
     allowed_pairs,
     coarsest_spans,
     index_grid,
-    offset_grid,
     offset_spans,
 )
-from playground.kernels.mod_program import ModProgram
-from playground.masks import masked_softmax
+from playground.mods.kernel import program_attention
+from playground.mods.program import ModProgram
 
 MOD_CHUNK_ELEMENTS = 2**19
 """How many (b, h, q, kv) entries the CPU fast path evaluates a mod on per call."""
@@ -70,28 +70,19 @@ class ModScheduler:
     mask_mod: MaskMod | None
     """mask_mod(b, h, q_idx, kv_idx): bool (B or 1, H or 1, Nq, Nk), full size in the
     query and key dimensions; None when every key is allowed."""
-    additive: bool
-    """score_mod is score + f(b, h, q_idx, kv_idx): f goes to fused SDPA as a bias."""
+    path: CpuPath
+    """The path `mods.dispatch.cpu_path` chose for this call: `SDPA`, `PROGRAM`,
+    `MASKED_BLOCKS` (an additive score_mod's f(b, h, q_idx, kv_idx) goes to fused SDPA as
+    a bias) or `SCORE_BLOCKS`."""
     scale: float
     block_size: int
     """Queries per block: bounds working memory to (B, H, block_size, span)."""
-    program: ProgramOf | None = None
-    """This call's mods as a program for the native kernels (`kernels.mod_program.lower`
-    with the mods bound), or None: the blocks then run on torch's operations."""
+    program: ModProgram | None = None
+    """This call's mods as a program for the native kernels (`mods.lowering`), given
+    with the `PROGRAM` path."""
     relative_mask: bool = False
-    """mask_mod is proven a function of h and kv_idx − q_idx (`mod_structure.relative_mask`):
+    """mask_mod is proven a function of h and kv_idx − q_idx (`mods.structure.relative_mask`):
     the key spans then come from the offsets it allows, O(Nq + Nk)."""
-    _lowered: dict[tuple, ModProgram | str] = field(default_factory=dict, compare=False)
-
-    def score_per_offset(self, heads: int, n_q: int, n_k: int, like: torch.Tensor) -> torch.Tensor:
-        """(H, Nq + Nk − 1): g(h, r) of a relative score_mod for r = kv_idx − q_idx from
-        −(Nq − 1) to Nk − 1, evaluated at in-range index pairs (q, kv) = (−r, 0) for r < 0
-        and (0, r) otherwise, so a mod that looks indices up in a table stays in it."""
-        assert self.score_mod is not None, "only a scheduler with a score_mod has one"
-        offsets, b, h, q_idx, kv_idx = offset_grid(heads, n_q, n_k, like.device)
-        zero = torch.zeros((), dtype=like.dtype, device=like.device)
-        bias = self.score_mod(zero, b, h, q_idx, kv_idx)
-        return bias.to(like.dtype).broadcast_to(1, heads, 1, len(offsets))[0, :, 0]
 
     def key_spans(
         self,
@@ -222,7 +213,8 @@ class ModScheduler:
         `scratch`: memory for the block's mask (`span_mask`)."""
         batch, heads, block, span = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
         sees: torch.Tensor | None  # (B, H or 1, blk): which queries see a key; None: all
-        if self.score_mod is not None and not self.additive:
+        if self.path is CpuPath.SCORE_BLOCKS:
+            assert self.score_mod is not None, "SCORE_BLOCKS is the path of a score_mod"
             b, h, q_idx, kv_idx = index_grid(
                 batch,
                 heads,
@@ -285,50 +277,23 @@ class ModScheduler:
         is_causal: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """q (B, H, Nq, d), k and v (B, H, Nk, d) -> (context (B, H, Nq, d), empty
-        (B, Nq, 1) bool, the queries that see no key, or None when there are none)."""
-        if self.score_mod is None and self.mask_mod is None and attention_mask is None:
+        (B, Nq, 1) bool, the queries that see no key, or None when there are none), on
+        the path this scheduler was given."""
+        if self.path is CpuPath.SDPA:
             # Nothing to mask but causality, which SDPA does itself: no blocks needed.
             context = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=self.scale)
             return context, None
         batch, heads, n_q, n_k = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
-        program = self.lowered(batch, heads, n_q, n_k, attention_mask, is_causal, q)
-        fine = min(self.block_size, PROGRAM_FINE_BLOCK) if program is not None else None
-        spans = self.key_spans(batch, heads, n_q, n_k, is_causal, q.device, fine)
-        if program is not None:
+        if self.path is CpuPath.PROGRAM:
+            assert self.program is not None, "the PROGRAM path comes with its program"
+            fine = min(self.block_size, PROGRAM_FINE_BLOCK)
+            spans = self.key_spans(batch, heads, n_q, n_k, is_causal, q.device, fine)
             spans = coarsest_spans(spans, self.block_size)
-            context, log_sum_exp = program_attention(q, k, v, spans, program, self.scale)
+            context, log_sum_exp = program_attention(q, k, v, spans, self.program, self.scale)
             empty = torch.isneginf(log_sum_exp).all(dim=1)[..., None]  # (B, Nq, 1)
             return context, empty if bool(empty.any()) else None
+        spans = self.key_spans(batch, heads, n_q, n_k, is_causal, q.device)
         return self.attend_blocks(q, k, v, spans, attention_mask, is_causal)
-
-    def lowered(
-        self,
-        batch: int,
-        heads: int,
-        n_q: int,
-        n_k: int,
-        keep: torch.Tensor | None,
-        is_causal: bool,
-        like: torch.Tensor,
-    ) -> ModProgram | None:
-        """This call's program, where the native kernels can run it: float32 (`like`'s
-        dtype) on CPU, no torch.func transform, and mods the program can express; else
-        None. Lowered once per scheduler (one call)."""
-        usable = (
-            self.program is not None
-            and like.dtype == torch.float32
-            and like.device.type == "cpu"
-            and not transforms_active()
-            and native.load() is not None
-        )
-        if not usable:
-            return None
-        key = (batch, heads, n_q, n_k, id(keep), is_causal)
-        if key not in self._lowered:
-            assert self.program is not None
-            self._lowered[key] = self.program(batch, heads, n_q, n_k, keep, is_causal, like.device)
-        program = self._lowered[key]
-        return None if isinstance(program, str) else program
 
     def attend_blocks(
         self,
@@ -356,7 +321,7 @@ class ModScheduler:
             if fused is not None:
                 return fused
         scratch = None
-        if not torch.is_grad_enabled() and (self.additive or self.score_mod is None):
+        if not torch.is_grad_enabled() and self.path is not CpuPath.SCORE_BLOCKS:
             # Inference: every block's mask in one buffer, whose pages are then touched
             # once per call; a fresh large allocation per block costs as much in page
             # faults as evaluating the mod.
@@ -411,7 +376,7 @@ class ModScheduler:
         the keys). -> (context (B, H, Nq, d), empty (B, Nq, 1) or None), or None when this
         path does not apply: a score_mod that is not additive, or a bias that needs a
         gradient (the per-block path gives it one)."""
-        if self.score_mod is not None and not self.additive:
+        if self.path is CpuPath.SCORE_BLOCKS:
             return None
         batch, heads = q.shape[0], q.shape[1]
         masks: list[torch.Tensor | None] = []

@@ -1,4 +1,4 @@
-"""Mod programs (playground.kernels.mod_program): a mod's bias lowered into instructions
+"""Mod programs (playground.mods.lowering): a mod's bias lowered into instructions
 that the native blocked kernels evaluate per row. Each lowered mod, run by the native
 forward and backward, equals dense attention with the bias torch computes from the same
 mod; what cannot be lowered says why and keeps the torch path; and a program that computes
@@ -12,12 +12,13 @@ import pytest
 import torch
 
 import playground
-from playground.kernels import mod_scheduler as scheduler_module
 from playground.kernels import native
-from playground.kernels.blocked import program_attention
-from playground.kernels.mod_grid import coarsest_spans
-from playground.kernels.mod_program import lower
-from playground.kernels.program_builder import FLOAT_SCALAR, OPCODES
+from playground.mods import scheduler as scheduler_module
+from playground.mods.dispatch import CpuPath
+from playground.mods.grid import coarsest_spans
+from playground.mods.kernel import program_attention
+from playground.mods.lowering import lower
+from playground.mods.program import FLOAT_SCALAR, OPCODES
 from playground.testing import check_attention
 from playground.testing.checks import check_fast_matches_reference
 
@@ -180,10 +181,10 @@ class _DropsTheBias(_WindowedAlibi):
 
 @needs_native
 def test_the_suite_catches_a_program_that_computes_the_wrong_bias(monkeypatch):
-    def wrong(score_mod, mask_mod, owner, *args):
-        return lower(None, mask_mod, owner, *args)  # the score_mod forgotten
+    def wrong(score_mod, mask_mod, owner, *args, traced=None):
+        return lower(None, mask_mod, owner, *args)  # the score_mod forgotten, traced again
 
-    monkeypatch.setattr("playground.softmax_attention.lower", wrong)
+    monkeypatch.setattr("playground.mods.lowering.lower", wrong)
     report = check_attention(_DropsTheBias, checks=[check_fast_matches_reference])
     assert report.verdict_of("check_fast_matches_reference") == "failed"
     monkeypatch.undo()
@@ -204,10 +205,12 @@ def test_the_suite_catches_a_program_that_computes_the_wrong_bias(monkeypatch):
     ("n_q", "n_k", "is_causal"), [(70, 70, False), (70, 70, True), (20, 90, False)]
 )
 def test_a_relative_mask_gives_the_spans_the_grid_gives(mask, n_q, n_k, is_causal):
-    from playground.mod_structure import relative_mask
+    from playground.mods.structure import relative_mask
 
     assert relative_mask(mask)
-    kwargs = dict(score_mod=None, mask_mod=mask, additive=True, scale=1.0, block_size=16)
+    kwargs = dict(
+        score_mod=None, mask_mod=mask, path=CpuPath.MASKED_BLOCKS, scale=1.0, block_size=16
+    )
     by_offsets = scheduler_module.ModScheduler(**kwargs, relative_mask=True)
     by_grid = scheduler_module.ModScheduler(**kwargs)
     for block in (None, 8):
@@ -226,7 +229,7 @@ def test_a_relative_mask_gives_the_spans_the_grid_gives(mask, n_q, n_k, is_causa
     ],
 )
 def test_a_mask_is_relative_only_when_its_trace_proves_it(mask, relative):
-    from playground.mod_structure import relative_mask
+    from playground.mods.structure import relative_mask
 
     assert relative_mask(mask) is relative
 

@@ -1,15 +1,14 @@
 """How the mods are called (`SoftmaxAttention`'s score_mod and mask_mod, FlexAttention's
 convention): their protocols, the broadcast index grid they are evaluated on, the pairs a
 mask_mod, causality and padding allow together, and the spans of keys blocks of queries
-see (`Span`, merged into the coarsest blocks that compute barely more pairs)."""
+see (`Span`, merged into the coarsest blocks that compute barely more pairs); a relative
+score_mod evaluated once per offset."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
 import torch
-
-from playground.kernels.mod_program import ModProgram
 
 
 class ScoreMod(Protocol):
@@ -68,21 +67,6 @@ def allowed_pairs(
     return allowed
 
 
-class ProgramOf(Protocol):
-    """The mods' bias for one call as a `ModProgram`, or why not (a str)."""
-
-    def __call__(
-        self,
-        batch: int,
-        heads: int,
-        n_q: int,
-        n_k: int,
-        keep: torch.Tensor | None,
-        is_causal: bool,
-        device: torch.device,
-    ) -> ModProgram | str: ...
-
-
 Span = tuple[int, int, int, int]
 """(start, stop, key_start, key_stop): a block of queries and the keys it may see."""
 PROGRAM_FINE_BLOCK = 64
@@ -137,6 +121,19 @@ def offset_grid(
     offsets = torch.arange(-(n_q - 1), n_k, device=device)
     b, h, q_idx, kv_idx = index_grid(1, heads, (-offsets).clamp(min=0), offsets.clamp(min=0))
     return offsets, b, h, q_idx.view(1, 1, 1, -1), kv_idx
+
+
+def score_per_offset(
+    score_mod: ScoreMod, heads: int, n_q: int, n_k: int, like: torch.Tensor
+) -> torch.Tensor:
+    """(H, Nq + Nk − 1): g(h, r) of a relative score_mod (score + g(h, kv − q)) for
+    r = kv_idx − q_idx from −(Nq − 1) to Nk − 1, evaluated once per offset at the in-range
+    pairs of `offset_grid`, for `relative_bias_attention`'s Toeplitz view; in `like`'s
+    dtype and on its device."""
+    offsets, b, h, q_idx, kv_idx = offset_grid(heads, n_q, n_k, like.device)
+    zero = torch.zeros((), dtype=like.dtype, device=like.device)
+    bias = score_mod(zero, b, h, q_idx, kv_idx)
+    return bias.to(like.dtype).broadcast_to(1, heads, 1, len(offsets))[0, :, 0]
 
 
 def offset_spans(

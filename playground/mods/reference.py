@@ -1,6 +1,6 @@
 """A mod program evaluated by torch's operations: the bias of a block of queries over a span
 of keys as a dense (B, H, rows, span) tensor, differentiable in the program's leaves and
-tables. The oracle of the native interpreter (tests/kernels/test_mod_program.py), and
+tables. The oracle of the native interpreter (tests/mods/test_program.py), and
 what `_ProgramBlocks` recomputes through under create_graph=True, where the native
 backward's results would not be differentiable."""
 
@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from playground.kernels.program_builder import (
+from playground.mods.program import (
     BATCH,
     CONSTANT,
     FLOAT_SCALAR,

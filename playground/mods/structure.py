@@ -26,37 +26,29 @@ proven keeps the general path, which is correct for any mod.
 
 from __future__ import annotations
 
-import inspect
-import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import torch
 import torch.fx
 
+from playground.mods.tracing import (
+    ADDITIONS,
+    ARGUMENTS,
+    CASTS,
+    SUBTRACTIONS,
+    TracedMod,
+    cast_dtype,
+    describe,
+    keeps_every_value,
+    operation_target,
+    positional,
+    trace_mod,
+    trace_mods,
+)
+
 Kind = Literal["relative", "additive", "general"]
-ARGUMENTS = ("score", "b", "h", "q_idx", "kv_idx")
-ADDITIONS = {operator.add, torch.add, "add"}
-SUBTRACTIONS = {operator.sub, torch.sub, "sub"}
-CAST_METHODS = {
-    "float": torch.float32, "double": torch.float64, "half": torch.float16,
-    "bfloat16": torch.bfloat16, "long": torch.int64, "int": torch.int32,
-    "short": torch.int16, "char": torch.int8, "byte": torch.uint8, "bool": torch.bool,
-}  # fmt: skip
-CASTS = {*CAST_METHODS, "to", "type", "type_as", torch.Tensor.to}
-_OPERANDS: dict[Any, tuple[str, ...]] = {
-    torch.where: ("condition", "input", "other"),
-    "where": ("self", "condition", "other"),
-    torch.pow: ("input", "exponent"),
-    "pow": ("self", "exponent"),
-}
-_SYMBOLS = {
-    operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/",
-    operator.floordiv: "//", operator.mod: "%", operator.pow: "**", operator.neg: "unary -",
-    operator.getitem: "indexing", operator.lt: "<", operator.le: "<=", operator.gt: ">",
-    operator.ge: ">=", operator.eq: "==", operator.ne: "!=",
-}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -86,117 +78,6 @@ class ModStructure:
 NO_SCORE_MOD = ModStructure("general", "no score_mod")
 
 
-def positional(target: Any, args: tuple, kwargs: Mapping[str, Any]) -> tuple[tuple, dict]:
-    """An operation's operands in torch's positional order, however the mod passed them:
-    `torch.add(score, other=bias)` and `score.add(other=bias)` are add(score, bias), and
-    `x.where(condition, y)` is where(condition, x, y). The keywords left (`alpha=`, `min=`,
-    `dtype=`) are returned, for the caller to read or refuse."""
-    method = isinstance(target, str)
-    names = _OPERANDS.get(target, ("self", "other") if method else ("input", "other"))
-    ordered, rest = list(args), dict(kwargs)
-    for name in names[len(ordered) :]:
-        if name not in rest:
-            break
-        ordered.append(rest.pop(name))
-    if target == "where" and len(ordered) >= 2:  # x.where(condition, y)
-        ordered[0], ordered[1] = ordered[1], ordered[0]
-    return tuple(ordered), rest
-
-
-def cast_dtype(target: Any, args: tuple, kwargs: Mapping[str, Any]) -> torch.dtype | None:
-    """The dtype a cast (`x.float()`, `x.to(torch.int64)`, `x.type_as(y)`) converts to;
-    None when the call does not say (`x.to(other)`, a device alone)."""
-    if target in CAST_METHODS:
-        return CAST_METHODS[target]
-    if target == "type_as":
-        other = args[1] if len(args) > 1 else None
-        return other.dtype if isinstance(other, torch.Tensor) else None
-    dtypes = [x for x in (*args[1:], *kwargs.values()) if isinstance(x, torch.dtype)]
-    return dtypes[0] if len(dtypes) == 1 else None
-
-
-def keeps_every_value(source: torch.dtype, target: torch.dtype | None) -> bool:
-    """A cast from `source` to `target` that changes no value: to a floating dtype that
-    holds all of `source`'s (float32 to float64, bfloat16 to float32)."""
-    return (
-        target is not None
-        and target.is_floating_point
-        and torch.promote_types(source, target) == target
-    )
-
-
-class _Traced(torch.nn.Module):
-    """The mod as a module's forward, its owner a submodule: the owner's parameters and
-    buffers are then members of the traced root, which fx requires of parameters."""
-
-    def __init__(self, score_mod: Callable[..., torch.Tensor], owner: torch.nn.Module | None):
-        super().__init__()
-        self.owner = owner
-        self.score_mod = score_mod
-
-    def forward(self, score, b, h, q_idx, kv_idx):
-        return self.score_mod(score, b, h, q_idx, kv_idx)
-
-
-class TracedMod(NamedTuple):
-    """A mod's torch.fx graph, and the module its `get_attr` nodes name attributes of."""
-
-    graph: torch.fx.Graph
-    root: torch.nn.Module
-
-
-def trace_mod(mod: Callable[..., torch.Tensor], owner: torch.nn.Module | None = None) -> TracedMod:
-    """`mod` (a score_mod, or a mask_mod: its arguments are then b, h, q_idx and kv_idx)
-    as a torch.fx graph over symbolic arguments; `owner`'s parameters and buffers are the
-    root's attributes. Plain values the mod reads (a float option, an int attribute) are
-    constants of this trace: trace again when they may have changed. (No GraphModule is
-    built: its generated code, a third of a trace's time, is never run.)"""
-    root = _TracedMask(mod, owner) if _arity(mod) == 4 else _Traced(mod, owner)
-    return TracedMod(torch.fx.Tracer().trace(root), root)
-
-
-class _TracedPair(torch.nn.Module):
-    """A score_mod and a mask_mod (either may be None) as one forward: one trace."""
-
-    def __init__(
-        self,
-        score_mod: Callable[..., torch.Tensor] | None,
-        mask_mod: Callable[..., torch.Tensor] | None,
-        owner: torch.nn.Module | None,
-    ):
-        super().__init__()
-        self.owner = owner
-        self.score_mod, self.mask_mod = score_mod, mask_mod
-
-    def forward(self, score, b, h, q_idx, kv_idx):
-        bias = None if self.score_mod is None else self.score_mod(score, b, h, q_idx, kv_idx)
-        allowed = None if self.mask_mod is None else self.mask_mod(b, h, q_idx, kv_idx)
-        return bias, allowed
-
-
-def trace_mods(
-    score_mod: Callable[..., torch.Tensor] | None,
-    mask_mod: Callable[..., torch.Tensor] | None,
-    owner: torch.nn.Module | None = None,
-) -> TracedMod:
-    """A score_mod and a mask_mod traced together (a trace's fixed cost paid once): the
-    graph's output is (score_mod's, mask_mod's), None for a mod not given."""
-    root = _TracedPair(score_mod, mask_mod, owner)
-    return TracedMod(torch.fx.Tracer().trace(root), root)
-
-
-def _arity(mod: Callable[..., torch.Tensor]) -> int:
-    try:
-        return len(inspect.signature(mod).parameters)
-    except (TypeError, ValueError):
-        return len(ARGUMENTS)
-
-
-class _TracedMask(_Traced):
-    def forward(self, b, h, q_idx, kv_idx):
-        return self.score_mod(b, h, q_idx, kv_idx)
-
-
 @dataclass(frozen=True)
 class ModAnalysis:
     """One call's verdicts on its score_mod and mask_mod, read from one trace of both."""
@@ -206,7 +87,7 @@ class ModAnalysis:
     """The mask_mod is proven a function of h and kv_idx − q_idx: which keys a block of
     queries sees then follows from the offsets it allows, O(Nq + Nk) evaluations."""
     traced: TracedMod | None
-    """The trace the verdicts come from (`trace_mods`), for `kernels.mod_program.lower`;
+    """The trace the verdicts come from (`trace_mods`), for `mods.lowering.lower`;
     None when there is no mod, or the pair could not be traced."""
 
 
@@ -324,20 +205,6 @@ def _reads(graph: torch.fx.Graph) -> dict[torch.fx.Node, frozenset[str]]:
     return reads
 
 
-def _target(node: torch.fx.Node) -> Any:
-    return node.target if node.op != "call_method" else str(node.target)
-
-
-def describe(target: Any, args: tuple = (), kwargs: Mapping[str, Any] | None = None) -> str:
-    """An operation as a reason names it: `tanh`, `*`, `a cast to torch.int64`."""
-    if target in CASTS:
-        dtype = cast_dtype(target, args, kwargs or {})
-        return f"a cast to {dtype}" if dtype is not None else f"{target}() to an unread dtype"
-    if target in _SYMBOLS:
-        return _SYMBOLS[target]
-    return str(getattr(target, "__name__", target))
-
-
 def _score_path(node: torch.fx.Node, reads: dict[torch.fx.Node, frozenset[str]], dtype) -> str:
     """The operations the score passes through on its way to `node` (itself included),
     from the score outwards, leaving out additions and casts that keep its value: a tanh
@@ -349,7 +216,7 @@ def _score_path(node: torch.fx.Node, reads: dict[torch.fx.Node, frozenset[str]],
             continue
         if current.op not in ("call_function", "call_method"):
             continue
-        target = _target(current)
+        target = operation_target(current)
         args, kwargs = positional(target, current.args, current.kwargs)
         if target in ADDITIONS | SUBTRACTIONS and not set(kwargs) - {"alpha"}:
             continue
@@ -373,7 +240,7 @@ def _not_added(
         return None
     if "score" not in reads[node]:
         return "nothing: the output does not depend on the score"
-    target = _target(node)
+    target = operation_target(node)
     args, kwargs = positional(target, node.args, node.kwargs)
     if target in ADDITIONS or target in SUBTRACTIONS:
         name = getattr(target, "__name__", target)
@@ -418,9 +285,9 @@ def _only_as_difference(
     if not uses:
         return True  # the bias reads neither: relative trivially (a per-head constant)
     for use in uses:
-        args, kwargs = positional(_target(use), use.args, use.kwargs)
+        args, kwargs = positional(operation_target(use), use.args, use.kwargs)
         pair = len(args) == 2 and args[0] is not args[1]
-        if not (_target(use) in SUBTRACTIONS and not kwargs and pair):
+        if not (operation_target(use) in SUBTRACTIONS and not kwargs and pair):
             return False
         if not all(any(x is index for index in (q_idx, kv_idx)) for x in args):
             return False

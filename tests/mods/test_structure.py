@@ -10,7 +10,7 @@ import torch
 import playground
 from playground import SoftmaxAttention
 from playground.kernels import relative as relative_kernels
-from playground.mod_structure import trace_structure
+from playground.mods.structure import trace_structure
 from playground.testing import check_attention
 from playground.testing.checks import check_fast_matches_reference
 from tests.kernels.test_flex_cpu import (
@@ -87,7 +87,7 @@ def test_an_undeclared_relative_mod_takes_the_relative_kernel(monkeypatch):
 
     monkeypatch.setattr("playground.softmax_attention.relative_bias_attention", counted)
     # float64: in float32 the native kernels evaluate the bias per row instead
-    # (tests/kernels/test_mod_program.py).
+    # (tests/mods/test_program.py).
     module = UndeclaredAlibi(32, 4).double().eval()
     assert str(module.score_mod_structure()) == "relative: proven by trace"
     x = torch.randn(2, 40, 32, dtype=torch.float64)
@@ -401,4 +401,4 @@ def test_the_reason_names_the_operations_the_score_passes_through():
         def score_mod(self, score, b, h, q_idx, kv_idx):
             return 30 * torch.tanh(score / 30)
 
-    assert "tanh" in SoftCapped(32, 4).cpu_kernel(64)
+    assert "tanh" in str(SoftCapped(32, 4).cpu_kernel(64))

@@ -6,7 +6,7 @@ Evaluated by torch over a block, an element-wise bias costs one pass through mem
 operation, each over B·H·block·span values, and then SDPA reads it once more: at n = 4096
 that is more time than the attention. Here the mods are traced on every call, since a
 plain value they read (a window, an option) may change between calls (one trace gives the
-call's verdicts and its program: `mod_structure.analyse_mods`), and partially evaluated:
+call's verdicts and its program: `mods.structure.analyse_mods`), and partially evaluated:
 
 - a node that does not read both q_idx and kv_idx is evaluated by torch, over (B, H, Nq, 1)
   or (B, H, 1, Nk) at most (`slopes[h]`, `doc[kv_idx]`, `q_idx // 64`): a leaf of the
@@ -34,7 +34,10 @@ from typing import Any
 import torch
 import torch.fx
 
-from playground.kernels.program_builder import (
+from playground.kernels import native
+from playground.kernels.common import transforms_active
+from playground.mods.operations import lower_node, negate
+from playground.mods.program import (
     OPCODES,
     Builder,
     ModProgram,
@@ -42,8 +45,8 @@ from playground.kernels.program_builder import (
     Slot,
     dtype_of,
 )
-from playground.kernels.program_operations import lower_node, negate
-from playground.mod_structure import (
+from playground.mods.structure import ModStructure
+from playground.mods.tracing import (
     ADDITIONS,
     CASTS,
     SUBTRACTIONS,
@@ -54,7 +57,7 @@ from playground.mod_structure import (
     trace_mods,
 )
 
-__all__ = ["ModProgram", "lower"]
+__all__ = ["ModProgram", "lower", "program_for_call"]
 
 
 def _run_graph(builder: Builder, traced: TracedMod, arguments: dict[str, Any]) -> Any:
@@ -155,7 +158,7 @@ def lower(
     """The program of this call's bias: score_mod(0, b, h, q, kv) (an additive score_mod:
     the caller knows it is), −inf where mask_mod, causality (q < kv) or padding (`keep`
     (B, Nk) bool, False: hidden) hide a key. `traced`: the mods' trace made for this call
-    (`mod_structure.analyse_mods`), traced here when not given. A reason (str) instead
+    (`mods.structure.analyse_mods`), traced here when not given. A reason (str) instead
     when it cannot be lowered (module docstring)."""
     grids = {
         "b": torch.arange(batch, device=device).view(-1, 1, 1, 1),
@@ -205,6 +208,49 @@ def lower(
         table_sources=builder.table_sources,
         output=output.index,
         differentiable=torch.tensor(builder.flows, dtype=torch.long),
+    )
+
+
+def program_for_call(
+    score_mod: Callable[..., torch.Tensor] | None,
+    mask_mod: Callable[..., torch.Tensor] | None,
+    owner: torch.nn.Module | None,
+    score: ModStructure | None,
+    shape: tuple[int, int, int, int],
+    keep: torch.Tensor | None,
+    is_causal: bool,
+    like: torch.Tensor,
+    traced: TracedMod | None,
+) -> ModProgram | str:
+    """The program of one call (`lower`) where the native kernels can run it, else why
+    not: mods to run, a score_mod (`score`, its structure) that is additive, float32
+    (`like`'s dtype) on the CPU, no torch.func transform, the native kernels built.
+    `shape`: (batch, heads, Nq, Nk)."""
+    if score_mod is None and mask_mod is None:
+        return "no mods"
+    if score is not None and not score.additive:
+        return "the score_mod is not additive"
+    if like.dtype != torch.float32:
+        return f"programs run in float32, not {str(like.dtype).removeprefix('torch.')}"
+    if like.device.type != "cpu":
+        return f"programs run on the CPU, not {like.device.type}"
+    if transforms_active():
+        return "a torch.func transform is running"
+    if native.load() is None:
+        return f"the native kernels are not built ({native.build_state().reason})"
+    batch, heads, n_q, n_k = shape
+    return lower(
+        score_mod,
+        mask_mod,
+        owner,
+        batch,
+        heads,
+        n_q,
+        n_k,
+        keep,
+        is_causal,
+        like.device,
+        traced=traced,
     )
 
 

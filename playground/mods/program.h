@@ -1,6 +1,6 @@
 // A mod program: the part of a score_mod's bias (and of its mask) that reads both the query
 // and the key index, as a list of element-wise instructions that the blocked kernels run
-// on each row of a tile while it is in cache (playground/kernels/mod_program.py builds it
+// on each row of a tile while it is in cache (playground/mods/lowering.py builds it
 // from the mod's torch.fx graph). Everything that reads only one of the two indices was
 // evaluated by torch beforehand and comes in as a "leaf" tensor.
 //
@@ -34,7 +34,7 @@ enum Opcode : int64_t {
 
 constexpr int64_t PROGRAM_CHUNK = 1024;  // keys per evaluation: a few slots stay in L1, fewer chunk overheads
 
-// The program as Python hands it over (see mod_program.py for the layout of each tensor).
+// The program as Python hands it over (see mods/program.py for the layout of each tensor).
 struct ModProgram {
   at::Tensor code;        // (instructions, 5) int64: opcode, destination, a, b, c
   at::Tensor slot_types;  // (slots,) int64: SlotType
