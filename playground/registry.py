@@ -28,7 +28,6 @@ from types import ModuleType
 from typing import Any, Literal
 
 import pluggy
-from matplotlib.colors import is_color_like
 
 from playground import hookspecs
 from playground.config import VariantConfig
@@ -160,13 +159,14 @@ def _why_config_not_inherited(obj: type[AttentionVariant]) -> str | None:
 
 
 def _why_display_hooks_fail(obj: type[AttentionVariant]) -> str | None:
-    """`colour` and `display_name` are read by every figure and table: a value that
-    cannot be drawn must be refused here, naming the variant, not fail later in a
-    figure with a raw matplotlib error."""
+    """`colour` and `display_name` are read by every figure and table: a value of the
+    wrong kind is refused here, naming the variant. Whether a string is a colour is the
+    figures' question (matplotlib's): `report.plots.data.declared` warns, naming the
+    variant and the value, and draws the default colour instead."""
     colour = obj.colour
-    if colour is not None and (not isinstance(colour, str) or not is_color_like(colour)):
+    if colour is not None and not isinstance(colour, str):
         return (
-            f"{obj.__name__}.colour must be a matplotlib colour such as '#1f77b4' or "
+            f"{obj.__name__}.colour must be a matplotlib colour string such as '#1f77b4' or "
             f"'tab:blue', or None for one derived from the name; got {colour!r}"
         )
     label = obj.display_name

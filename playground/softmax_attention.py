@@ -57,7 +57,7 @@ import torch
 import torch.nn.functional as F
 
 from playground.config import VariantConfig
-from playground.contract import AttentionOutput, AttentionVariant, Capabilities, _hook_error
+from playground.contract import AttentionOutput, AttentionVariant, Capabilities
 from playground.decoding import TokenCache, cached_attention
 from playground.errors import HookError, UnsupportedFeature
 from playground.heads import (
@@ -77,6 +77,7 @@ from playground.mods.lowering import program_for_call
 from playground.mods.program import ModProgram
 from playground.mods.scheduler import ModScheduler
 from playground.mods.structure import ModAnalysis, ModStructure, analyse_mods
+from playground.validation import hook_error
 
 
 @dataclass(frozen=True)
@@ -268,7 +269,7 @@ class SoftmaxAttention(AttentionVariant):
 
     # --- calling the hooks: a result of the wrong kind is refused, naming the hook -------
     def _hook_problem(self, hook: str, problem: str) -> HookError:
-        return _hook_error(self, f"{type(self).__name__}.{hook}", problem)
+        return hook_error(self, f"{type(self).__name__}.{hook}", problem)
 
     def _projected(
         self,

@@ -145,11 +145,12 @@ class LinformerAttention(AttentionVariant):
             + attention_flops(n_q * k, d_model)  # Q K'ᵀ and P V' over k slots
         )
 
-    def __init__(self, d_model: int = 512, num_heads: int = 8, **options: object) -> None:
-        super().__init__(d_model, num_heads, **options)
-        config = self.config
-        self.capabilities = dataclasses.replace(
-            self.capabilities,
+    @classmethod
+    def capabilities_for(cls, config: VariantConfig) -> Capabilities:
+        """The length limit is the seq_len option: E and F are sized for it."""
+        assert isinstance(config, LinformerConfig), "built from its own Config"
+        return dataclasses.replace(
+            cls.capabilities,
             max_seq_len=config.seq_len,
             max_seq_len_hint=(
                 f"its E and F projections are sized for seq_len={config.seq_len} keys; build it "
@@ -157,6 +158,10 @@ class LinformerAttention(AttentionVariant):
                 f"seq_len=...), or split the input into chunks of at most {config.seq_len}"
             ),
         )
+
+    def __init__(self, d_model: int = 512, num_heads: int = 8, **options: object) -> None:
+        super().__init__(d_model, num_heads, **options)
+        config = self.config
         add_projections(self, d_model, bias=config.bias)
         shape = (config.k, config.seq_len)
         if config.sharing == "none":
@@ -264,8 +269,7 @@ class LinformerAttention(AttentionVariant):
         as in forward.
         """
         key = query if key is None else key
-        self._check_inputs(query, key, key, attention_mask, {})
-        self._check_capabilities(query, key, attention_mask, False, False, key is not query)
+        self.check_call(query, key, key, attention_mask, {}, is_cross=key is not query)
         h, n_k = self.num_heads, key.shape[1]
         q = split_heads(self.q_proj(query), h)  # (B, H, Nq, d_k)
         k = self.k_proj(key)  # (B, Nk, d_model)

@@ -112,6 +112,15 @@ class NystromAttention(AttentionVariant):
         conv = 2 * n_k * d_model * int(options.get("conv_kernel_size", 0))
         return projection_flops(n_q, n_k, d_model) + float(softmaxes + pinv + conv)
 
+    @classmethod
+    def capabilities_for(cls, config: VariantConfig) -> Capabilities:
+        """With the convolutional skip, self-attention only: it mixes values by position,
+        so the queries' and the keys' must be the same."""
+        assert isinstance(config, NystromConfig), "built from its own Config"
+        if config.conv_kernel_size:
+            return dataclasses.replace(cls.capabilities, cross_attention=False)
+        return cls.capabilities
+
     def __init__(self, d_model: int = 512, num_heads: int = 8, **options: object) -> None:
         super().__init__(d_model, num_heads, **options)
         add_projections(self, d_model, bias=self.config.bias)
@@ -126,8 +135,6 @@ class NystromAttention(AttentionVariant):
                 groups=num_heads,
                 bias=False,
             )
-            # The skip mixes values by position: the queries' and keys' must be the same.
-            self.capabilities = dataclasses.replace(self.capabilities, cross_attention=False)
 
     def _landmarks(self, query, key, value):
         q, k, v = project_heads(self, query, key, value)

@@ -214,6 +214,14 @@ class PerformerAttention(AttentionVariant):
         mixing = 2 * n_k * m * d_model + 2 * n_q * m * d_model + 2 * (n_q + n_k) * m * num_heads
         return projection_flops(n_q, n_k, d_model) + float(features + mixing)
 
+    @classmethod
+    def capabilities_for(cls, config: VariantConfig) -> Capabilities:
+        """Redrawing the features in training makes two training calls differ."""
+        assert isinstance(config, PerformerConfig), "built from its own Config"
+        if config.redraw_features:
+            return dataclasses.replace(cls.capabilities, deterministic_in_training=False)
+        return cls.capabilities
+
     def __init__(self, d_model: int = 512, num_heads: int = 8, **options: object) -> None:
         super().__init__(d_model, num_heads, **options)
         add_projections(self, d_model, bias=self.config.bias)
@@ -223,10 +231,6 @@ class PerformerAttention(AttentionVariant):
         self.register_buffer(
             "projection_matrix", orthogonal_features(self.nb_features, d, generator)
         )
-        if self.config.redraw_features:
-            self.capabilities = dataclasses.replace(
-                self.capabilities, deterministic_in_training=False
-            )
 
     def _projected(self, query, key, value):
         """φ(q) (B, H, Nq, m), k and v (B, H, Nk, d), and this call's W (m, d): a new draw

@@ -22,8 +22,17 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "playground"
 
 MAX_LINES = 450
-LONG_MODULES_JUSTIFIED = {"contract.py", "registry.py", "softmax_attention.py", "testing/checks.py"}
-"""Each is one cohesive job that docs/design.md justifies keeping in one file."""
+
+
+def ceilings() -> dict[str, int]:
+    """The modules docs/design.md allows past MAX_LINES, each with its ceiling: one cohesive
+    job it justifies keeping in one file ("- `registry.py` (ceiling 600): ...")."""
+    text = (ROOT / "docs" / "design.md").read_text()
+    return {
+        module: int(ceiling)
+        for module, ceiling in re.findall(r"^- `([\w/]+\.py)` \(ceiling (\d+)\)", text, re.M)
+    }
+
 
 LAZY_IMPORTS_ALLOWED = {
     "ray": "the `ray` extra: the ray executor imports it only when it runs",
@@ -152,12 +161,14 @@ def test_no_module_is_over_the_line_limit():
         str(path.relative_to(PACKAGE)): len(path.read_text().splitlines())
         for path in modules().values()
     }
+    allowed = ceilings()
+    assert allowed, "docs/design.md lists no ceilings: the pattern above no longer reads it"
     long = {
-        module: count
-        for module, count in lines.items()
-        if count > MAX_LINES and module not in LONG_MODULES_JUSTIFIED
+        module: count for module, count in lines.items() if count > allowed.get(module, MAX_LINES)
     }
-    assert not long, f"modules over {MAX_LINES} lines: {long}"
+    assert not long, f"modules over {MAX_LINES} lines, or over their ceiling: {long}"
+    needless = {module for module, ceiling in allowed.items() if lines.get(module, 0) <= MAX_LINES}
+    assert not needless, f"ceilings docs/design.md no longer needs (now short): {needless}"
 
 
 def test_no_module_imports_the_root_package():

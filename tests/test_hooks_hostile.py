@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import playground
-from playground.contract import (
+from playground.errors import HookError
+from playground.hook_calls import (
     MAX_SPECIAL_SIZES,
     checked_logit_bias,
     checked_options_hook,
@@ -20,7 +21,6 @@ from playground.contract import (
     checked_share_with_first_layer,
     checked_special_sizes,
 )
-from playground.errors import HookError
 from playground.registry import Registry
 from playground.testing import check_attention
 from playground.testing.checks import check_output_shape_and_dtype
@@ -169,14 +169,13 @@ PLUGIN = """
 @pytest.mark.parametrize(
     ("attribute", "words"),
     [
-        ('colour = "not-a-colour"', "colour must be a matplotlib colour"),
-        ("colour = 7", "got 7"),
+        ("colour = 7", "colour must be a matplotlib colour string"),
         ('display_name = ""', "display_name must be a non-empty single-line string"),
         ('display_name = "two\\nlines"', "display_name must be a non-empty single-line"),
         ("display_name = 3", "got 3"),
         ('display_name = "vanilla"', "would be labelled 'vanilla'"),
     ],
-    ids=["colour", "colour-int", "empty-label", "multi-line-label", "int-label", "taken-label"],
+    ids=["colour-int", "empty-label", "multi-line-label", "int-label", "taken-label"],
 )
 def test_bad_display_hooks_are_refused_at_registration(write_plugin, attribute, words):
     path = write_plugin("odd.py", PLUGIN.format(name="odd", attribute=attribute))
@@ -202,3 +201,20 @@ def test_good_display_hooks_register(write_plugin):
     path = write_plugin("odd.py", PLUGIN.format(name="odd", attribute=attribute))
     registry = Registry.discover([path.parent], entry_points=False, environment=False)
     assert "odd" in registry.names(), registry.errors
+
+
+def test_capabilities_assigned_on_an_instance_are_refused_naming_the_way():
+    """An instance's own `capabilities` would hide from every reader of the class what it
+    changed (a stale max_seq_len); `capabilities_for(config)` is the one way."""
+    from playground.errors import HookError
+    from tests.broken_variants import Vanilla
+
+    class SetsItsOwn(Vanilla):
+        name = "sets_its_own_capabilities_for_tests"
+
+        def __init__(self, *args, **options):
+            super().__init__(*args, **options)
+            self.capabilities = self.capabilities
+
+    with pytest.raises(HookError, match=r"capabilities_for\(cls, config\)"):
+        SetsItsOwn(16, 2)

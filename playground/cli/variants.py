@@ -36,7 +36,7 @@ def command_list(registry: Registry, arguments: argparse.Namespace) -> int:
             name,
             short_path(registry.source_of(name)),
             f"O(n^{flops_exponent(cls):.1f})",
-            ", ".join(cls.capabilities.features()),
+            ", ".join(cls.capabilities_for(cls.Config()).features()),
             cls.summary,
         )
     console.print(table)
@@ -49,7 +49,8 @@ def command_info(registry: Registry, arguments: argparse.Namespace) -> int:
     console.print(f"[bold]{cls.name}[/bold]: {cls.summary}")
     console.print(f"paper: {cls.paper}")
     console.print(f"source: {short_path(registry.source_of(cls.name))}")
-    console.print(f"capabilities: {', '.join(cls.capabilities.features())}")
+    features = cls.capabilities_for(cls.Config()).features()
+    console.print(f"capabilities at the default options: {', '.join(features)}")
     if cls.forward_kwargs:
         console.print(f"extra forward arguments: {', '.join(cls.forward_kwargs)}")
     console.print(

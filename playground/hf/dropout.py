@@ -151,7 +151,7 @@ def heads_mismatch(
                 parameter.add_(0.1 * noise.to(parameter.dtype))
             hidden = torch.randn(2, 6, width, generator=generator)
             real = torch.ones(2, 6, dtype=torch.bool)
-            real[1, :2] = not cls.capabilities.padding_mask  # padded where it may be
+            real[1, :2] = not probe.capabilities_for(probe.config).padding_mask  # padded if allowed
             mask = None if bool(real.all()) else real
             expected = probe(hidden, attention_mask=mask, is_causal=is_causal).output
             composed = heads_forward(probe, hidden, mask, is_causal, dropout=0.0)

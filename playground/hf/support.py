@@ -21,7 +21,7 @@ def bridges(cls: type[AttentionVariant]) -> list[str]:
     except PlaygroundError as refused:
         why = str(refused).split("; ", 1)[-1]  # the refusal's reason, not its preamble
         kernel = f"kernel level: no: {why}"
-    caps = cls.capabilities
+    caps = cls.capabilities_for(cls.Config())  # at its default options
     families = [f for f in SUPPORTED if caps.causal or f not in CAUSAL_FAMILIES]
     generates = caps.causal and caps.decoding
     module = (

@@ -200,11 +200,12 @@ def _refuse_model_features(config: Any, kind: str, cls: type[AttentionVariant]) 
             "(playground.hf.register), which reads the window from the model's mask",
         )
     causal = kind != "bert" or bool(getattr(config, "is_decoder", False))
-    if causal and not cls.capabilities.causal:
+    caps = cls.capabilities_for(cls.Config())  # the options that matter here come later
+    if causal and not caps.causal:
         raise UnsupportedFeature(
             cls.name,
             f"causal attention, which a {kind} model needs",
-            cls.capabilities.decoding_hint or "use a causal variant",
+            caps.decoding_hint or "use a causal variant",
         )
 
 
@@ -337,7 +338,7 @@ def _paths_bypassing_projections(variant: AttentionVariant) -> list[str]:
     x = torch.randn(1, 3, variant.d_model, dtype=parameter.dtype, device=parameter.device)
     paths: dict[str, Any] = {"forward": lambda: variant(x, is_causal=True)}
     state: list[Any] = []
-    if variant.capabilities.decoding:
+    if variant.capabilities_for(variant.config).decoding:
         paths["prefill"] = lambda: state.append(variant.prefill(x[:, :2])[1])
         paths["decoding step"] = lambda: variant.decode_step(x[:, 2:], state[0])
     bypassed = []

@@ -130,7 +130,7 @@ class SwappedAttention(nn.Module):
     def _prefill(
         self, hidden: torch.Tensor, attention_mask: torch.Tensor | None
     ) -> tuple[torch.Tensor, Any]:
-        caps = self.variant.capabilities
+        caps = self.variant.capabilities_for(self.variant.config)
         if not (self.is_causal and caps.causal and caps.decoding):
             reason = caps.decoding_hint or "it has no causal form to decode from"
             refusal = UnsupportedFeature(self.variant.name, "decoding in this model", reason)

@@ -39,13 +39,10 @@ from typing import Any, Literal, cast
 import torch
 from torch import nn
 
-from playground.contract import (
-    AttentionVariant,
-    checked_options_hook,
-    checked_share_with_first_layer,
-)
+from playground.contract import AttentionVariant
 from playground.decoding import DecodingState, left_aligned, shifted
 from playground.errors import ConfigError, UnsupportedFeature
+from playground.hook_calls import checked_options_hook, checked_share_with_first_layer
 from playground.model.linear_layers import use_fast_linears
 from playground.registry import Registry
 from playground.tasks import TargetName
@@ -210,12 +207,13 @@ class TransformerClassifier(nn.Module):
             for _ in range(config.num_layers)
         ]
         first = attentions[0]
-        limit = first.capabilities.max_seq_len
+        caps = first.capabilities_for(first.config)
+        limit = caps.max_seq_len
         if limit is not None and config.max_seq_len > limit:
             raise UnsupportedFeature(
                 config.variant,
                 f"sequences of {config.max_seq_len} tokens (its limit is {limit})",
-                first.capabilities.max_seq_len_hint,
+                caps.max_seq_len_hint,
             )
         self.shared = share_across_layers(attentions) if config.share_across_layers else []
         use_sinusoids = config.positional_encoding == "sinusoidal" or (

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from rich.progress import Progress
 
-from playground.contract import learned_summaries
 from playground.errors import ConfigError
+from playground.hook_calls import learned_summaries
 from playground.model.training import TrainConfig, evaluate, majority_rate, train
 from playground.model.transformer import describe
 from playground.registry import Registry

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from playground.config import build_config
 from playground.errors import ConfigError, UnsupportedFeature
 from playground.model.training import TrainConfig
 from playground.model.transformer import ArchitectureName, ModelConfig, PositionalEncodingName
@@ -61,9 +62,13 @@ def curriculum_tasks(
     return [*tasks, final]
 
 
-def check_task_support(registry: Registry, variant: str, task: Task) -> None:
-    """UnsupportedFeature if the variant's declared capabilities miss what the task needs."""
-    capabilities = registry.get(variant).capabilities
+def check_task_support(
+    registry: Registry, variant: str, options: dict[str, Any], task: Task
+) -> None:
+    """UnsupportedFeature if the variant's capabilities with `options` miss what the task
+    needs."""
+    cls = registry.get(variant)
+    capabilities = cls.capabilities_for(build_config(cls.Config, options, variant))
     if task.needs_causal and not capabilities.causal:
         raise UnsupportedFeature(variant, f"causal attention, which task {task.name!r} needs")
     if task.pads and not capabilities.padding_mask:
@@ -129,7 +134,7 @@ def prepare(registry: Registry, job: AccuracyJob) -> Prepared:
         registry.get_task(job.task), job.task_options, job.curriculum
     )
     for each in (*stage_tasks, task):
-        check_task_support(registry, job.variant, each)
+        check_task_support(registry, job.variant, job.variant_options, each)
     if job.eval_lengths and not isinstance(task, LanguageTask):
         raise ConfigError(
             f"eval_lengths applies to language-modelling tasks; task {task.name!r} is scored "

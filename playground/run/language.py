@@ -112,13 +112,14 @@ def score_length(
 ) -> LengthScore:
     """Bits per byte of `model` on the held-out set in windows of `length`."""
     attention = model.attentions[0]
-    limit = attention.capabilities.max_seq_len
+    caps = attention.capabilities_for(attention.config)
+    limit = caps.max_seq_len
     try:
         if limit is not None and length > limit:
             raise UnsupportedFeature(
                 model.config.variant,
                 f"sequences of {length} tokens (its limit is {limit})",
-                attention.capabilities.max_seq_len_hint,
+                caps.max_seq_len_hint,
             )
         data = task.held_out(length)
         return LengthScore(length, bits_per_byte(model, data, device=device), data.tokens.numel())

@@ -4,8 +4,8 @@ report reads from them after a training run is known good before any training is
 
 from __future__ import annotations
 
-from playground.contract import checked_learned_summary
 from playground.errors import HookError
+from playground.hook_calls import checked_learned_summary
 from playground.testing.corners import CheckFailed
 from playground.testing.subject import Subject
 

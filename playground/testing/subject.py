@@ -11,8 +11,9 @@ from typing import Any, Literal
 
 import torch
 
-from playground.contract import AttentionVariant, Capabilities, checked_special_sizes
+from playground.contract import AttentionVariant, Capabilities
 from playground.errors import ConfigError
+from playground.hook_calls import checked_special_sizes
 from playground.registry import Registry, default_registry
 
 LONG_LENGTH = 130
@@ -71,9 +72,9 @@ class Subject:
 
     def __post_init__(self) -> None:
         # An instance's capabilities may depend on its options (Linformer's max_seq_len is
-        # its seq_len), so read them from one built with the options the checks use.
+        # its seq_len), so read them for the options the checks use.
         probe = self.build()
-        self.caps: Capabilities = probe.capabilities
+        self.caps: Capabilities = probe.capabilities_for(probe.config)
         limit = self.caps.max_seq_len
         # A junk, endless or raising special_sizes() is a HookError naming the hook, never
         # a size silently left out (or a hang).
@@ -93,7 +94,7 @@ class Subject:
         options = {**self.cls.suite_options, **self.options, "impl": self.impl, **overrides}
         module = self.cls(d_model=self.d_model, num_heads=self.num_heads, **options)
         module = module.to(dtype)
-        if mode == "train" and not module.capabilities.deterministic_in_training:
+        if mode == "train" and not module.capabilities_for(module.config).deterministic_in_training:
             # Declared random in training: every call draws the same numbers, so that
             # calls can be compared (the randomness itself is checked on its own).
             module.register_forward_pre_hook(_seed_training_call)

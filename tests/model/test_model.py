@@ -148,9 +148,9 @@ def test_a_task_needing_what_a_variant_lacks_is_unsupported(
         name = "causal_lookback"
         needs_causal = True
 
-    check_task_support(bundled_registry, "vanilla", CausalLookback())
+    check_task_support(bundled_registry, "vanilla", {}, CausalLookback())
     with pytest.raises(UnsupportedFeature, match="causal"):
-        check_task_support(bundled_registry, "linformer", CausalLookback())
+        check_task_support(bundled_registry, "linformer", {}, CausalLookback())
 
 
 def test_a_causal_model_never_looks_ahead():

@@ -11,8 +11,8 @@ import torch
 from rich.console import Console
 
 import playground
-from playground.contract import checked_learned_summary, learned_summaries
 from playground.errors import HookError
+from playground.hook_calls import checked_learned_summary, learned_summaries
 from playground.registry import Registry
 from playground.report.learned import learned_entries
 from playground.report.pages import write_report

@@ -120,7 +120,7 @@ def test_short_input_uses_first_columns_of_E_and_F(impl):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_keys_longer_than_seq_len_raise_naming_seq_len(impl):
     module = build(seq_len=32, k=8, impl=impl)
-    assert module.capabilities.max_seq_len == 32
+    assert module.capabilities_for(module.config).max_seq_len == 32
     with pytest.raises(UnsupportedFeature, match=r"longer than 32 \(got 33\).*seq_len=32"):
         module(tokens(1, 33))
     with pytest.raises(UnsupportedFeature, match=r"\(got 40\).*seq_len >= the key length"):
@@ -274,4 +274,24 @@ def test_projections_start_as_fairseq_initialises_them():
     for projection in (module.E, module.F):
         assert projection.abs().max().item() <= bound
         assert projection.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.01)
-    assert module.capabilities.max_seq_len == 4096 == type(module).capabilities.max_seq_len
+    assert module.capabilities_for(module.config).max_seq_len == 4096
+
+
+def test_every_reader_sees_the_limit_its_options_set():
+    """Capabilities are a function of the config (`capabilities_for`): the model builder,
+    the language task's scorer and the contract suite read the seq_len an instance was
+    built with, not the class's default."""
+    from playground.model.transformer import ModelConfig, TransformerClassifier
+    from playground.registry import default_registry
+    from playground.testing.subject import Subject
+
+    cls = type(build())
+    assert cls.capabilities.max_seq_len != 48
+    config = ModelConfig(
+        vocab_size=8, num_classes=4, max_seq_len=64, variant="linformer",
+        variant_options={"seq_len": 48, "k": 4}, d_model=16, num_heads=2, num_layers=1,
+    )  # fmt: skip
+    with pytest.raises(UnsupportedFeature, match="its limit is 48"):
+        TransformerClassifier(config, default_registry())
+    subject = Subject(cls, options={"seq_len": 48, "k": 4})
+    assert subject.caps.max_seq_len == 48 and max(subject.lengths) == 48

@@ -32,13 +32,9 @@ from matplotlib.colorbar import Colorbar
 from matplotlib.colors import ListedColormap, Normalize, PowerNorm
 from matplotlib.figure import Figure
 
-from playground.contract import (
-    AttentionVariant,
-    checked_logit_bias,
-    checked_options_hook,
-    checked_pattern_weights,
-)
+from playground.contract import AttentionVariant
 from playground.errors import PlaygroundError
+from playground.hook_calls import checked_logit_bias, checked_options_hook, checked_pattern_weights
 from playground.mods.grid import index_grid
 from playground.registry import Registry, default_registry
 from playground.report.plots.data import RunData, declared, format_value
@@ -68,7 +64,7 @@ def _build(
 def _weights(module: AttentionVariant, tokens: torch.Tensor) -> tuple[torch.Tensor | None, str]:
     """(Nq, Nk or k) weights of batch 0, head 0, and what the columns are."""
     with torch.no_grad():
-        if module.capabilities.need_weights:
+        if module.capabilities_for(module.config).need_weights:
             return module(tokens, need_weights=True).weights[0, 0], "key position j"
         drawn = checked_pattern_weights(module, tokens)
         if drawn is not None:
