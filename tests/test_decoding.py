@@ -14,7 +14,7 @@ from playground.decoding import MIN_CAPACITY, RecomputeState, TokenCache, left_a
 from playground.errors import PluginLoadError
 from playground.registry import Registry
 from playground.testing import check_attention
-from playground.testing.decoding import DECODING_CHECKS, decoded, held_bytes
+from playground.testing.decoding_checks import DECODING_CHECKS, decoded, held_bytes
 
 D_MODEL, HEADS = 32, 4
 

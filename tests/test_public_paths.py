@@ -72,8 +72,6 @@ def test_root_all_names_exist():
         "playground.cli.bench",
         "playground.report.bench_history",
         "playground",
-        "playground.bench",  # the paths the README used before issue 31
-        "playground.bench_history",
     ],
 )
 def test_the_readmes_python_m_commands_start(module):
@@ -193,7 +191,7 @@ def test_a_plugin_reaching_into_a_private_module_is_named(tmp_path):
         "def later():\n"
         "    from playground import registry as reg\n"
         "    from playground import heads\n"
-        "    return heads.split_heads, heads._scale, playground.model.cpu, reg.Registry\n",
+        "    return heads.split_heads, heads._scale, playground.model.cpu_detection, reg.Registry\n",
         encoding="utf-8",
     )
     (tmp_path / "fine.py").write_text(

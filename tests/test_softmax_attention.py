@@ -89,7 +89,7 @@ def test_a_dense_mask_is_recomputed_and_a_window_is_kept():
     """Training keeps every block's mask only when all of them together are no larger
     than q, k and v: a window's are, a dense causal mask_mod's are not (its memory would
     be quadratic)."""
-    from playground.run.measure import peak_memory_bytes
+    from playground.run.instruments import peak_memory_bytes
     from playground.run.measurer import Workload as workload
 
     class DenseCausal(playground.SoftmaxAttention):

@@ -30,7 +30,7 @@ from rich.table import Table
 
 from playground.errors import PlaygroundError, UnsupportedFeature
 from playground.registry import default_registry
-from playground.run.measure import (
+from playground.run.instruments import (
     FLAG_MEANINGS,
     cost_flags,
     cpu_count,

@@ -21,7 +21,7 @@ from playground.contract import AttentionVariant, flops_exponent
 from playground.errors import PlaygroundError, UnsupportedFeature
 from playground.hf.support import bridges
 from playground.registry import Registry
-from playground.run.decode import prefilled
+from playground.run.decode_cost import prefilled
 from playground.softmax_attention import SoftmaxAttention
 from playground.testing import CHECKS, iter_cases
 

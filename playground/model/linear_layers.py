@@ -13,7 +13,7 @@ numbers do not depend on a noisy race), and can be forced with PLAYGROUND_LINEAR
 or PLAYGROUND_LINEAR=blas. The two libraries round differently (sums in another order),
 so a run's numbers are reproducible with the same backend; `backend()` says which is in
 use and `env.json` records it. The GEMM ceiling every efficiency is measured against
-(`playground.run.measure.gemm_flops_per_second`) is the faster of the two libraries, and
+(`playground.run.instruments.gemm_flops_per_second`) is the faster of the two libraries, and
 `env.json` records both rates.
 
 `use_fast_linears(module)` turns every plain `nn.Linear` of a module into a `FastLinear`
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from playground.model.cpu import cpuinfo_field
+from playground.model.cpu_detection import cpuinfo_field
 
 Backend = Literal["onednn", "blas"]
 VARIABLE = "PLAYGROUND_LINEAR"
@@ -86,7 +86,7 @@ def onednn_linear(
 ) -> torch.Tensor:
     """x (M, in) @ weightᵀ (+ bias) -> (M, out) on oneDNN. x and weight may have any
     strides (oneDNN reads them, copying where it must); bias must be contiguous (its
-    strides are ignored). The GEMM ceiling (`playground.run.measure`) times it too."""
+    strides are ignored). The GEMM ceiling (`playground.run.instruments`) times it too."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 

@@ -24,7 +24,6 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from playground.report.language import Continuation, continuations
 from playground.report.learned import LEARNED_COLUMNS, LEARNED_TITLE, learned_entries
 from playground.report.plots.data import OK, RunData, load_run
 from playground.report.suite_tables import (
@@ -48,6 +47,7 @@ from playground.report.tables import (
     summary_entries,
     summary_title,
 )
+from playground.report.task_rows import Continuation, continuations
 from playground.run.stats import accuracy_bounds, format_interval
 
 HTML_REPORT = "report.html"

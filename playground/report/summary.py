@@ -31,13 +31,13 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from playground.report.language import (
+from playground.report.task_rows import (
     LANGUAGE_COLUMNS,
     LANGUAGE_SUMMARY,
     is_accuracy_row,
     language_records,
 )
-from playground.run.measure import (
+from playground.run.instruments import (
     FLAG_EFFICIENCY_ABOVE_1,
     FLAG_PASS_ORDER,
     FLAGS,

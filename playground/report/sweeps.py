@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from playground.errors import PlaygroundError
-from playground.report.language import is_accuracy_row, is_language_row, setup_name
+from playground.report.task_rows import is_accuracy_row, is_language_row, setup_name
 from playground.run.store import RunStore
 
 SWEEPS = "sweeps.csv"

@@ -14,7 +14,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from playground.report.language import is_accuracy_row, is_language_row, language_rows, setup_name
 from playground.report.learned import LEARNED_COLUMNS, LEARNED_TITLE, learned_entries
 from playground.report.summary import (
     DOUBTFUL,
@@ -27,8 +26,9 @@ from playground.report.summary import (
     exponent_text,
 )
 from playground.report.sweeps import chosen_rows
+from playground.report.task_rows import is_accuracy_row, is_language_row, language_rows, setup_name
 from playground.run.fidelity import CAUSAL_REFERENCE
-from playground.run.measure import FLAG_MEANINGS
+from playground.run.instruments import FLAG_MEANINGS
 from playground.run.stats import accuracy_bounds, format_interval
 
 

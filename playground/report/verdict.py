@@ -36,9 +36,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from playground.errors import PlaygroundError
-from playground.report.language import is_accuracy_row, is_language_row, setup_name, task_base
 from playground.report.summary import Ceilings, Line, run_ceilings, spec_baseline, summarize
 from playground.report.sweeps import at_point, chosen_rows
+from playground.report.task_rows import is_accuracy_row, is_language_row, setup_name, task_base
 from playground.run.stats import CONFIDENCE, t_quantile
 from playground.run.store import RunStore
 

@@ -31,7 +31,7 @@ from playground.model.training import TrainConfig, evaluate, majority_rate, trai
 from playground.model.transformer import describe
 from playground.registry import Registry
 from playground.run.jobs import AccuracyJob, Prepared, prepare
-from playground.run.language import (
+from playground.run.language_scores import (
     LanguageScores,
     evaluation_lengths,
     language_fields,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from playground.errors import PlaygroundError
-from playground.run.language import eval_cell_id, evaluation_lengths, length_row
+from playground.run.language_scores import eval_cell_id, evaluation_lengths, length_row
 from playground.run.spec import Spec, TaskRun, VariantSetup
 
 COST_MEASURES = ("speed", "memory", "fidelity")

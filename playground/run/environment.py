@@ -14,7 +14,7 @@ import torch
 
 from playground.kernels import native
 from playground.model import linear_layers
-from playground.model.cpu import cpuinfo_field
+from playground.model.cpu_detection import cpuinfo_field
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 """playground/, where `git rev-parse` finds the checkout the run's code came from."""

@@ -31,10 +31,9 @@ from playground.errors import InvalidOutput, PlaygroundError, failure_fields
 from playground.registry import Registry
 from playground.run.accuracy import WeightsSink, kept_weights, measure_accuracy, row_fields
 from playground.run.cells import Cell
-from playground.run.decode import measure_decode, memory_bandwidth
+from playground.run.decode_cost import measure_decode, memory_bandwidth
 from playground.run.fidelity import measure_fidelity
-from playground.run.jobs import AccuracyJob, Prepared, prepare
-from playground.run.measure import (
+from playground.run.instruments import (
     FLAG_FLOPS_NOT_FINITE,
     cost_flags,
     cpu_count,
@@ -43,6 +42,7 @@ from playground.run.measure import (
     peak_memory_bytes,
     time_call,
 )
+from playground.run.jobs import AccuracyJob, Prepared, prepare
 from playground.run.seeds import SeedLane, SeedOutcome, SeedTask
 from playground.run.spec import DECODE, Spec
 from playground.softmax_attention import SoftmaxAttention

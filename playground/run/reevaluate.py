@@ -30,7 +30,8 @@ import torch
 from playground.errors import ConfigError, PlaygroundError
 from playground.model.transformer import ModelConfig, TransformerClassifier
 from playground.registry import Registry
-from playground.run.language import (
+from playground.run.instruments import using_threads
+from playground.run.language_scores import (
     EVAL_LENGTH_TAG,
     baseline_fields,
     corpus_conflict,
@@ -39,7 +40,6 @@ from playground.run.language import (
     length_row,
     score_length,
 )
-from playground.run.measure import using_threads
 from playground.run.model_settings import build_model
 from playground.run.resume import resume
 from playground.run.store import ENV, EVALUATIONS, REJECTED, ROWS, RunStore

@@ -35,11 +35,10 @@ from rich.progress import (
 from playground.registry import Registry
 from playground.run.cells import Cell, pending_cells, with_stage_rows
 from playground.run.context import Executor, RunContext
-from playground.run.decode import memory_bandwidth
+from playground.run.decode_cost import memory_bandwidth
 from playground.run.environment import environment
 from playground.run.executors import executor_for
-from playground.run.language import corpus_conflict
-from playground.run.measure import (
+from playground.run.instruments import (
     cpu_count,
     gemm_fields,
     gemm_flops_per_second,
@@ -47,6 +46,7 @@ from playground.run.measure import (
     load_average,
     resolve_threads,
 )
+from playground.run.language_scores import corpus_conflict
 from playground.run.measurer import Measurer, check_device
 from playground.run.spec import DECODE, Spec
 from playground.run.store import ENV, OVERRIDES, REJECTED, ROWS, SPEC, RunLock, RunStore

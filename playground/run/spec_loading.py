@@ -18,7 +18,7 @@ from typing import Any
 from playground.config import build_config, field_types
 from playground.errors import ConfigError, PlaygroundError
 from playground.registry import Registry, bundled_dir
-from playground.run.decode import DECODE_RESERVE, MIN_DECODE_CONTEXT
+from playground.run.decode_cost import DECODE_RESERVE, MIN_DECODE_CONTEXT
 from playground.run.spec import (
     DECODE,
     DTYPES,

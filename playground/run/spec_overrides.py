@@ -16,7 +16,7 @@ import dataclasses
 from typing import Any
 
 from playground.registry import Registry
-from playground.run.decode import MIN_DECODE_CONTEXT
+from playground.run.decode_cost import MIN_DECODE_CONTEXT
 from playground.run.spec import DECODE, SIZE_FLAGS, Spec, SpecError, VariantSetup
 from playground.run.spec_loading import (
     address_problem,

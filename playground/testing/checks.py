@@ -34,7 +34,7 @@ from playground.testing.corners import (
     tolerance_for,
     where,
 )
-from playground.testing.decoding import DECODING_CHECKS
+from playground.testing.decoding_checks import DECODING_CHECKS
 from playground.testing.flops import check_flops_match_the_counter
 from playground.testing.hooks import check_learned_summary
 from playground.testing.low_precision import LOW_PRECISION_CHECKS

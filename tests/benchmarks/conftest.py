@@ -31,7 +31,7 @@ from playground.gates.calls import labelled_points
 from playground.gates.slowdown import injected_slowdowns
 from playground.registry import default_registry
 from playground.run.environment import environment
-from playground.run.measure import gemm_flops_per_second
+from playground.run.instruments import gemm_flops_per_second
 from playground.run.spec import Spec, VariantSetup
 from playground.run.spec_loading import load_spec
 

@@ -50,8 +50,8 @@ from rich.table import Table
 from playground.contract import AttentionVariant
 from playground.decoding import DecodingState, TokenCache
 from playground.registry import default_registry
-from playground.run.decode import memory_bandwidth
-from playground.run.measure import time_call
+from playground.run.decode_cost import memory_bandwidth
+from playground.run.instruments import time_call
 from tests.benchmarks.peers import D_MODEL, HEADS
 
 AGREEMENT = 1e-4

@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from playground.registry import default_registry
-from playground.run.measure import gemm_flops_per_second, time_call
+from playground.run.instruments import gemm_flops_per_second, time_call
 from playground.run.measurer import BACKWARD_FLOPS_FACTOR
 
 D_MODEL, HEADS, WINDOW, SLOTS = 512, 8, 512, 256

@@ -28,7 +28,7 @@ import playground
 from playground import SoftmaxAttention
 from playground.heads import attention_flops, projection_flops
 from playground.mods.grid import index_grid
-from playground.run.measure import gemm_flops_per_second, time_call, using_threads
+from playground.run.instruments import gemm_flops_per_second, time_call, using_threads
 
 README = Path(__file__).parents[2] / "README.md"
 

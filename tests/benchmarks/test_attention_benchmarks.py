@@ -19,7 +19,7 @@ import pytest
 
 from playground.errors import UnsupportedFeature
 from playground.gates.calls import build_call
-from playground.run.measure import peak_memory_bytes
+from playground.run.instruments import peak_memory_bytes
 from tests.benchmarks.conftest import BenchSettings
 from tests.benchmarks.reference import InterleavedReference, duration_s, rounds_for
 

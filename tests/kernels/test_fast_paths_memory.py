@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import playground
-from playground.run.measure import peak_memory_bytes
+from playground.run.instruments import peak_memory_bytes
 from playground.run.measurer import Workload as workload
 
 N, D_MODEL, HEADS = 1024, 64, 8

@@ -38,7 +38,7 @@ import torch
 from playground import SoftmaxAttention
 from playground.masks import masked_softmax
 from playground.mods.grid import allowed_pairs, index_grid
-from playground.run.measure import using_threads
+from playground.run.instruments import using_threads
 
 D_MODEL, HEADS, BATCH, LONGEST, TABLE = 16, 4, 2, 80, 16
 """head_dim 4: scale 1/2, exact."""

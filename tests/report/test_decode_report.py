@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from playground.report.plots import draw_figures, load_run, variant_colour
 from playground.report.summary import summarize
 from playground.report.tables import summary_entries, summary_title
-from playground.run.measure import FLAG_LARGE_SPREAD, FLAG_WEIGHTS_DOMINATE
+from playground.run.instruments import FLAG_LARGE_SPREAD, FLAG_WEIGHTS_DOMINATE
 
 CONTEXTS = (1024, 4096, 16384)
 BANDWIDTH = 1e10

@@ -16,20 +16,20 @@ from matplotlib.figure import Figure
 from rich.console import Console
 
 from playground.registry import Registry
-from playground.report.language import (
+from playground.report.pages import write_report
+from playground.report.plots import draw_figures, load_run, plot_run, variant_colour
+from playground.report.plots.accuracy import accuracy_figure, cost_accuracy_figure
+from playground.report.plots.bits_per_byte import extrapolation_figure, language_cost_figure
+from playground.report.plots.style import STATUS_MARKERS, assign_colours
+from playground.report.summary import write_summary
+from playground.report.tables import language_entries, print_accuracy, print_language
+from playground.report.task_rows import (
     LANGUAGE_SUMMARY,
     MixedCorpora,
     is_accuracy_row,
     is_language_row,
     visible,
 )
-from playground.report.pages import write_report
-from playground.report.plots import draw_figures, load_run, plot_run, variant_colour
-from playground.report.plots.accuracy import accuracy_figure, cost_accuracy_figure
-from playground.report.plots.language import extrapolation_figure, language_cost_figure
-from playground.report.plots.style import STATUS_MARKERS, assign_colours
-from playground.report.summary import write_summary
-from playground.report.tables import language_entries, print_accuracy, print_language
 from playground.run.store import RunStore
 from tests.report.test_plots import accuracy, measurement, write_run
 

@@ -27,7 +27,7 @@ from playground.model.training import bits_per_byte
 from playground.model.transformer import ModelConfig, TransformerClassifier
 from playground.registry import Registry, configure
 from playground.run import runner as runner_module
-from playground.run.language import corpus_conflict, eval_cell_id
+from playground.run.language_scores import corpus_conflict, eval_cell_id
 from playground.run.reevaluate import evaluate_again
 from playground.run.runner import Runner
 from playground.run.spec import SpecError

@@ -23,7 +23,7 @@ from playground.registry import Registry, configure
 from playground.report.summary import summarize, write_summary
 from playground.report.tables import exponent_entries, print_summary, summary_entries
 from playground.run.fidelity import CAUSAL_REFERENCE
-from playground.run.measure import (
+from playground.run.instruments import (
     FLAG_BUSY,
     FLAG_EFFICIENCY_ABOVE_1,
     FLAG_FEW_RUNS,

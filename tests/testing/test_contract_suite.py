@@ -26,7 +26,7 @@ from playground.testing.checks import (
     check_key_value_default_to_query,
     check_rejects_malformed_inputs,
 )
-from playground.testing.decoding import DECODING_CHECKS
+from playground.testing.decoding_checks import DECODING_CHECKS
 from playground.testing.low_precision import LOW_PRECISION_CHECKS
 from tests import broken_variants
 

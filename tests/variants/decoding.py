@@ -1,6 +1,6 @@
 """Shared parts of the variants' decoding tests: a state decoded in place, and the largest
 allocation of one step. Decoding's parity with the forward is the contract suite's
-(playground.testing.decoding), run for every shipped variant."""
+(playground.testing.decoding_checks), run for every shipped variant."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from torch.profiler import profile
 
 from playground import AttentionVariant
 from playground.decoding import DecodingState
-from playground.testing.decoding import held_bytes
+from playground.testing.decoding_checks import held_bytes
 
 
 @torch.no_grad()

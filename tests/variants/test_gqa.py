@@ -72,7 +72,7 @@ def test_as_many_groups_as_heads_is_vanilla():
 
 def test_the_cache_shrinks_by_heads_over_groups():
     """The state's own bytes: G key/value heads keep G / H of exact attention's cache."""
-    from playground.run.decode import prefilled
+    from playground.run.decode_cost import prefilled
 
     vanilla = prefilled(playground.build("vanilla", 64, 8), 256).nbytes
     for groups in (1, 2, 4, 8):

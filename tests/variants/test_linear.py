@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import playground
 from playground.heads import project_heads
-from playground.testing.decoding import decoded
+from playground.testing.decoding_checks import decoded
 
 D_MODEL, HEADS = 32, 4
 EPS = 1e-6  # fast-transformers' LinearAttention / CausalLinearAttention eps

@@ -11,7 +11,7 @@ import torch
 
 import playground
 from playground import ConfigError, InvalidInput
-from playground.testing.decoding import decoded
+from playground.testing.decoding_checks import decoded
 
 D_MODEL, HEADS = 32, 4
 

@@ -14,7 +14,7 @@ import torch
 import playground
 from playground.heads import project_heads
 from playground.testing import check_attention
-from playground.testing.decoding import decoded
+from playground.testing.decoding_checks import decoded
 
 D_MODEL, HEADS = 32, 4
 

@@ -244,7 +244,7 @@ def test_contract_suite_with_default_options():
 def test_training_memory_stays_below_one_dense_score_matrix():
     """Backward recomputes each query block, so forward+backward never holds the
     (H, n, n) probabilities of all blocks at once."""
-    from playground.run.measure import peak_memory_bytes
+    from playground.run.instruments import peak_memory_bytes
     from playground.run.measurer import Workload as workload
 
     def peak(n: int, block_size: int) -> int:

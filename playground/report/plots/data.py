@@ -23,8 +23,8 @@ from matplotlib.colors import is_color_like
 
 from playground.errors import PlaygroundError
 from playground.registry import default_registry
-from playground.report.language import is_accuracy_row, is_language_row
 from playground.report.sweeps import Choice, choices, chosen_rows
+from playground.report.task_rows import is_accuracy_row, is_language_row
 from playground.run.store import ENV, ROWS, SPEC, RunStore
 
 OK = "ok"

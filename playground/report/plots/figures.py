@@ -11,9 +11,9 @@ from matplotlib.figure import Figure
 
 from playground.registry import Registry
 from playground.report.plots.accuracy import accuracy_figure, cost_accuracy_figure
+from playground.report.plots.bits_per_byte import extrapolation_figure, language_cost_figure
 from playground.report.plots.data import PlotError, RunData, load_run
 from playground.report.plots.fidelity import fidelity_figures
-from playground.report.plots.language import extrapolation_figure, language_cost_figure
 from playground.report.plots.patterns import attention_pattern_figure, relative_bias_figure
 from playground.report.plots.recall_state import recall_state_figure
 from playground.report.plots.scaling import METRICS, scaling_figure

@@ -28,7 +28,7 @@ from playground.report.plots.style import (
     status_handles,
 )
 from playground.report.summary import PASS_TITLES, exponents
-from playground.run.measure import LIMIT_FLAGS
+from playground.run.instruments import LIMIT_FLAGS
 from playground.run.spec import DECODE
 
 

@@ -10,8 +10,8 @@ from playground.kernels import native
 from playground.run.cells import Cell
 from playground.run.context import Record, RunContext
 from playground.run.executors.seed_pool import SeedPool
+from playground.run.instruments import using_threads
 from playground.run.jobs import prepare
-from playground.run.measure import using_threads
 from playground.run.seeds import usable_cpus
 from playground.run.spec import Spec
 from playground.run.training_progress import TrainingBars

@@ -41,7 +41,7 @@ from playground.kernels import native
 from playground.registry import LoadStep, Registry
 from playground.run.cells import Cell
 from playground.run.context import Record, RunContext
-from playground.run.measure import gemm_flops_per_second, using_threads
+from playground.run.instruments import gemm_flops_per_second, using_threads
 from playground.run.measurer import Measurer
 from playground.run.seeds import SeedOutcome, SeedTask, missing_variant, train_seed_task
 from playground.run.spec import Spec

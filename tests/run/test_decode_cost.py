@@ -17,8 +17,8 @@ from playground.cli import main
 from playground.contract import AttentionVariant
 from playground.registry import default_registry
 from playground.report.summary import summarize
-from playground.run import decode
-from playground.run.decode import (
+from playground.run import decode_cost as decode
+from playground.run.decode_cost import (
     CALLS_PER_TIMED_RUN,
     DECODE_RESERVE,
     MIN_BANDWIDTH_BYTES,
@@ -30,7 +30,7 @@ from playground.run.decode import (
     prefilled,
     steps_per_run,
 )
-from playground.run.measure import (
+from playground.run.instruments import (
     FLAG_EFFICIENCY_ABOVE_1,
     FLAG_RECOMPUTED,
     FLAG_WEIGHTS_DOMINATE,

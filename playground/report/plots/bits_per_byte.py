@@ -21,7 +21,6 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import NullLocator
 from matplotlib.transforms import blended_transform_factory
 
-from playground.report.language import OK, language_rows, model_settings, setup_name, task_base
 from playground.report.plots.data import RunData
 from playground.report.plots.style import (
     finish,
@@ -33,6 +32,7 @@ from playground.report.plots.style import (
     series_marker,
     status_handles,
 )
+from playground.report.task_rows import OK, language_rows, model_settings, setup_name, task_base
 
 SETTINGS_STYLES = ("--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)))
 """Line styles of setups with model settings, in the order of their settings; a setup

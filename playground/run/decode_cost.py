@@ -36,7 +36,7 @@ from torch.utils import benchmark
 from playground.contract import AttentionVariant
 from playground.decoding import DecodingState, RecomputeState
 from playground.errors import InvalidInput, InvalidOutput
-from playground.run.measure import (
+from playground.run.instruments import (
     FLAG_RECOMPUTED,
     FLAG_WEIGHTS_DOMINATE,
     cost_flags,

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from playground.model import linear_layers
-from playground.run import measure
-from playground.run.measure import (
+from playground.run import instruments as measure
+from playground.run.instruments import (
     FLAG_BUSY,
     FLAG_EFFICIENCY_ABOVE_1,
     FLAG_FEW_RUNS,
