@@ -114,14 +114,22 @@ def _execute(registry: Registry, store: RunStore, spec, overrides: dict, executo
     return 0
 
 
-def _lengths(text: str, flag: str) -> list[int]:
-    """Comma-separated distinct positive lengths, or PlaygroundError naming the flag."""
+def _integers(text: str, flag: str) -> list[int]:
+    """Comma-separated integers, or PlaygroundError naming the flag. --seq-lens is then
+    validated as the spec's seq_lens (positive, distinct, long enough for its passes),
+    once merged into it."""
     try:
         lengths = [int(n) for n in text.split(",")]
     except ValueError:
         raise PlaygroundError(
             f"{flag} takes comma-separated integers, like 256,512; got {text!r}"
         ) from None
+    return lengths
+
+
+def _lengths(text: str, flag: str) -> list[int]:
+    """Comma-separated distinct positive lengths, or PlaygroundError naming the flag."""
+    lengths = _integers(text, flag)
     if any(n < 1 for n in lengths) or len(set(lengths)) != len(lengths):
         raise PlaygroundError(f"{flag} takes distinct positive lengths, like 256,512; got {text!r}")
     return lengths
@@ -130,7 +138,7 @@ def _lengths(text: str, flag: str) -> list[int]:
 def _overrides(arguments: argparse.Namespace) -> dict:
     seq_lens = None
     if getattr(arguments, "seq_lens", None):
-        seq_lens = _lengths(arguments.seq_lens, "--seq-lens")
+        seq_lens = _integers(arguments.seq_lens, "--seq-lens")
     variants = getattr(arguments, "variants", None)
     plugins_dirs = getattr(arguments, "plugins_dir", None) or []
     return {

@@ -274,6 +274,9 @@ SIZE_FLAGS = {
 }
 """The run's common sizes the command line may set (overrides.json keeps them), by the
 flag that sets them: merged into the spec's TOML before it is validated (`merge_sizes`)."""
+MERGED_FLAGS = {"seq_lens": "--seq-lens", **SIZE_FLAGS}
+"""Every command-line setting merged into the spec's TOML before it is validated, so that
+a length or a size is validated once, by the spec's own rules, whichever gave it."""
 
 
 def suggest(key: str, valid: typing.Iterable[str]) -> str:
@@ -294,9 +297,9 @@ def unknown_options(unknown: typing.Iterable[str], valid: typing.Iterable[str]) 
     return f"{', '.join(named)}; valid options: {', '.join(valid) or '(none)'}"
 
 
-def merge_sizes(data: dict[str, Any], sizes: dict[str, int]) -> tuple[dict[str, Any], str]:
-    """The spec's TOML `data` with the command line's `sizes` (SIZE_FLAGS) written in, and
-    a note naming them for an error message: `steps`, `seeds` and `num_layers` in every
+def merge_sizes(data: dict[str, Any], sizes: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The spec's TOML `data` with the command line's `sizes` (MERGED_FLAGS) written in, and
+    a note naming them for an error message: `seq_lens` at the top level, `steps`, `seeds` and `num_layers` in every
     [[tasks]] table (`steps` in each curriculum stage too), `d_model` in every table and,
     where the spec measures costs, at the top level (the cost cells' width). The merged data is validated as the file's own
     would be. SpecError when a flag would set nothing (a spec with no tasks)."""
@@ -304,8 +307,10 @@ def merge_sizes(data: dict[str, Any], sizes: dict[str, int]) -> tuple[dict[str, 
     if not given:
         return data, ""
     merged = dict(data)
+    if "seq_lens" in given:  # the cost cells' lengths
+        merged["seq_lens"] = list(given["seq_lens"])
     tables = data.get("tasks")
-    untrained = [SIZE_FLAGS[key] for key in given if key != "d_model"]
+    untrained = [MERGED_FLAGS[key] for key in given if key not in ("d_model", "seq_lens")]
     if untrained and not (isinstance(tables, list) and tables):
         raise SpecError(
             f"{', '.join(untrained)} set the training of a spec's [[tasks]] tables, and this "
@@ -314,11 +319,15 @@ def merge_sizes(data: dict[str, Any], sizes: dict[str, int]) -> tuple[dict[str, 
         )
     if "d_model" in given and set(data.get("measures", Spec.measures)) - {"accuracy"}:
         merged["d_model"] = given["d_model"]  # the cost cells' (the tasks get theirs below)
-    if isinstance(tables, list):
+    trained = {key: value for key, value in given.items() if key != "seq_lens"}
+    if isinstance(tables, list) and trained:
         merged["tasks"] = [
-            _sized_table(table, given) if isinstance(table, dict) else table for table in tables
+            _sized_table(table, trained) if isinstance(table, dict) else table for table in tables
         ]
-    note = ", ".join(f"{SIZE_FLAGS[key]} {value}" for key, value in given.items())
+    note = ", ".join(
+        f"{MERGED_FLAGS[key]} {','.join(map(str, value)) if key == 'seq_lens' else value}"
+        for key, value in given.items()
+    )
     return merged, f"the command line's {note} merged into the spec"
 
 

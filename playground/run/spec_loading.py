@@ -133,9 +133,9 @@ def expand_variant(
     return runs
 
 
-def load_spec(path: str | Path, registry: Registry, sizes: dict[str, int] | None = None) -> Spec:
+def load_spec(path: str | Path, registry: Registry, sizes: dict[str, Any] | None = None) -> Spec:
     """Read and validate a spec file; `path` may also name a bundled spec ("quick").
-    `sizes`: the command line's --steps, --seeds, --d-model, --num-layers (SIZE_FLAGS),
+    `sizes`: the command line's --seq-lens, --steps, --seeds, --d-model, --num-layers (SIZE_FLAGS),
     merged into the file's settings first (spec.merge_sizes) and validated with them.
 
     Every part is validated even after an error, and one SpecError lists them all."""

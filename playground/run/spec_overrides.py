@@ -1,7 +1,7 @@
-"""The command line's overrides on top of a loaded spec: --device, --dtype, --seq-lens,
---threads, --accuracy-workers, --executor, --address, --save-weights and --variants (the
-sizes, --steps and the like, are merged into the TOML before it is validated:
-playground.run.spec.merge_sizes).
+"""The command line's overrides on top of a loaded spec: --device, --dtype, --threads,
+--accuracy-workers, --executor, --address, --save-weights and --variants (the sizes,
+--seq-lens, --steps and the like, are merged into the TOML before it is validated, and
+validated with it: playground.run.spec.merge_sizes).
 
 --variants keeps the spec's sweep of each named variant; a variant the spec does not list
 runs with its defaults and the spec's [options.NAME] table. The spec's baseline runs
@@ -16,8 +16,7 @@ import dataclasses
 from typing import Any
 
 from playground.registry import Registry
-from playground.run.decode_cost import MIN_DECODE_CONTEXT
-from playground.run.spec import DECODE, SIZE_FLAGS, Spec, SpecError, VariantSetup
+from playground.run.spec import MERGED_FLAGS, Spec, SpecError, VariantSetup
 from playground.run.spec_loading import (
     address_problem,
     check_variant_name,
@@ -26,9 +25,10 @@ from playground.run.spec_loading import (
 )
 
 
-def size_overrides(overrides: dict[str, Any]) -> dict[str, int]:
-    """The sizes (SIZE_FLAGS) among a run's overrides, for `load_spec(..., sizes=)`."""
-    return {key: overrides[key] for key in SIZE_FLAGS if overrides.get(key) is not None}
+def size_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    """The settings merged into the spec (MERGED_FLAGS: --seq-lens and the sizes) among a
+    run's overrides, for `load_spec(..., sizes=)`."""
+    return {key: overrides[key] for key in MERGED_FLAGS if overrides.get(key) is not None}
 
 
 def added_baseline(spec: Spec, overrides: dict[str, Any]) -> str | None:
@@ -39,8 +39,8 @@ def added_baseline(spec: Spec, overrides: dict[str, Any]) -> str | None:
 
 
 def apply_overrides(spec: Spec, registry: Registry, overrides: dict[str, Any]) -> Spec:
-    """`spec` with the command line's `overrides` (see the module docstring). A length or
-    variant named twice is an error naming it."""
+    """`spec` with the command line's `overrides` (see the module docstring). A variant
+    named twice is an error naming it."""
     changes: dict[str, Any] = {}
     for key in ("device", "dtype", "threads", "accuracy_workers", "executor"):
         if overrides.get(key):
@@ -58,17 +58,6 @@ def apply_overrides(spec: Spec, registry: Registry, overrides: dict[str, Any]) -
             f"an address is for the ray executor, and this run's executor is {executor!r}; "
             f"add --executor ray (or drop --address)"
         )
-    if overrides.get("seq_lens"):
-        repeated = first_repeated(overrides["seq_lens"])
-        if repeated:
-            raise SpecError(f"--seq-lens names {repeated} more than once; give each length once")
-        short = [n for n in overrides["seq_lens"] if n < MIN_DECODE_CONTEXT]
-        if DECODE in spec.passes and short:
-            raise SpecError(
-                f"--seq-lens: {short} too short for the spec's 'decode' pass, which needs "
-                f"{MIN_DECODE_CONTEXT} tokens at the least; give longer lengths"
-            )
-        changes["seq_lens"] = tuple(overrides["seq_lens"])
     if overrides.get("variants"):
         changes.update(_chosen_variants(spec, registry, overrides))
     return dataclasses.replace(spec, **changes)

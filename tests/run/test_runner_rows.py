@@ -262,7 +262,7 @@ def test_a_spec_that_repeats_a_cell_is_refused_naming_the_repeat(
     ("flag", "value", "message"),
     [
         ("--variants", "vanilla,linformer,vanilla", "--variants names 'vanilla' more than once"),
-        ("--seq-lens", "16,32,16", "distinct positive lengths"),
+        ("--seq-lens", "16,32,16", "lists 16 more than once"),
     ],
 )
 def test_a_command_line_that_repeats_a_cell_is_refused(
@@ -273,12 +273,14 @@ def test_a_command_line_that_repeats_a_cell_is_refused(
     assert not (tmp_path / "tiny").exists()
 
 
-def test_repeated_overrides_are_refused_by_apply_overrides_too(bundled_registry, spec_file):
+def test_repeated_overrides_are_refused_where_they_are_validated(bundled_registry, spec_file):
+    """--variants by apply_overrides; --seq-lens, merged into the spec, by load_spec, with
+    the spec's own rule and a note naming the flag."""
     spec = load_spec(spec_file(), bundled_registry)
     with pytest.raises(SpecError, match="'vanilla' more than once"):
         apply_overrides(spec, bundled_registry, {"variants": ["vanilla", "vanilla"]})
-    with pytest.raises(SpecError, match="16 more than once"):
-        apply_overrides(spec, bundled_registry, {"seq_lens": [16, 16]})
+    with pytest.raises(SpecError, match=r"lists 16 more than once.*--seq-lens 16,16 merged"):
+        load_spec(spec_file(), bundled_registry, {"seq_lens": [16, 16]})
 
 
 def test_every_shipped_spec_loads_and_plans_unique_cell_ids(bundled_registry):
