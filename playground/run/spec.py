@@ -72,7 +72,7 @@ import torch
 
 from playground.errors import ConfigError
 from playground.model.transformer import ArchitectureName, PositionalEncodingName
-from playground.run.jobs import Stage
+from playground.run.curriculum import Stage
 from playground.run.model_settings import MODEL_DEFAULTS
 
 EXECUTORS = ("local", "ray")

@@ -12,7 +12,7 @@ from typing import Any
 from playground.errors import PlaygroundError
 from playground.model.transformer import ARCHITECTURES
 from playground.registry import Registry
-from playground.run.jobs import Stage, curriculum_tasks
+from playground.run.curriculum import Stage, curriculum_tasks
 from playground.run.model_settings import (
     MODEL_DEFAULTS,
     POSITIONAL_ENCODINGS,

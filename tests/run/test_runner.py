@@ -527,7 +527,7 @@ def test_a_curriculum_trains_one_model_and_records_a_row_for_each_stage(spec_fil
 def test_a_curriculum_stage_trains_the_model_the_task_then_starts_from(registry):
     """The stage's steps reach the model: with them, the task's test score moves."""
     from playground.run.accuracy import train_seed
-    from playground.run.jobs import Stage
+    from playground.run.curriculum import Stage
 
     base = AccuracyJob("vanilla", {}, "mqar", {"seq_len": 24}, steps=1, batch_size=4)
     staged = dataclasses.replace(
@@ -543,7 +543,7 @@ def test_a_curriculum_stage_trains_the_model_the_task_then_starts_from(registry)
 def test_a_stage_generates_only_the_examples_its_schedule_draws(registry, monkeypatch):
     """A stage of 2 × 4 examples draws a test split's worth (1024), not the task's 40 000."""
     from playground.run.accuracy import train_seed
-    from playground.run.jobs import Stage
+    from playground.run.curriculum import Stage
     from playground.tasks import Task
 
     asked = []

@@ -12,7 +12,8 @@ import pytest
 from playground.model.transformer import ModelConfig, TransformerClassifier
 from playground.registry import Registry, default_registry
 from playground.run.accuracy import measure_accuracy
-from playground.run.jobs import AccuracyJob, Stage
+from playground.run.curriculum import Stage
+from playground.run.jobs import AccuracyJob
 from playground.run.state_size import (
     DECODING_STATE,
     KEY_VALUE_BYTES,
