@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, overload
 
 import torch
 import torch.nn.functional as F
 
-from playground.errors import HookError, InvalidInput
+from playground.errors import HookError, InvalidInput, UnsupportedFeature
 
 MIN_CAPACITY = 16
 """Slots a growing `TokenCache` starts with; it doubles when full (amortised O(1))."""
@@ -292,6 +292,19 @@ def real_tokens(x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.T
     return torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
 
 
+def refuse_forward_arguments(variant: str, extra: dict[str, Any]) -> None:
+    """The check a `prefill_state` whose state keeps no forward arguments starts with.
+    `prefill` passes it those the variant declares (`forward_kwargs`), as the base class's
+    signature says; a state that dropped them would decode later tokens without them."""
+    if extra:
+        raise UnsupportedFeature(
+            variant,
+            f"decoding with forward arguments ({', '.join(sorted(extra))})",
+            "its decoding state keeps none of them; its prefill_state and step_state would "
+            "need to keep what they change",
+        )
+
+
 # --- prompts padded on either side ------------------------------------------------------
 def left_aligned(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     """(B,) int64: how far each prompt must move right so that its padding is all on the
@@ -324,6 +337,26 @@ def shifted(x: torch.Tensor, shift: torch.Tensor, sign: int = 1) -> torch.Tensor
 
 
 # --- attention of one query over a cache ----------------------------------------------------
+# The rows that saw no key are None exactly when `allowed` is: a caller that gives a mask
+# gets a tensor back, without a check of its own.
+@overload
+def cached_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    allowed: torch.Tensor,
+    scale: float,
+    dropout: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def cached_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    allowed: None,
+    scale: float,
+    dropout: float = 0.0,
+) -> tuple[torch.Tensor, None]: ...
 def cached_attention(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -9,12 +9,13 @@ a plugin file holds only its paper's math.
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import nn
 
-from playground.decoding import TokenCache
+from playground.contract import AttentionVariant
+from playground.decoding import TokenCache, refuse_forward_arguments
 
 
 def add_projections(module: nn.Module, d_model: int, bias: bool = True) -> None:
@@ -67,14 +68,16 @@ def project_output(
 
 
 def prefill_key_value_cache(
-    module: nn.Module,
+    module: AttentionVariant,
     prompt: torch.Tensor,
     attention_mask: torch.Tensor | None,
     max_length: int | None,
+    **extra: Any,
 ) -> tuple[torch.Tensor, TokenCache]:
     """`prefill_state` for a variant whose decoding state is the keys and values of its
     standard projections (`project_heads`): the prompt's causal outputs, and a key/value
     cache of it. A plugin assigns it: `prefill_state = prefill_key_value_cache`."""
+    refuse_forward_arguments(module.name, extra)  # the cache holds keys and values only
     output = module(prompt, attention_mask=attention_mask, is_causal=True).output
     _, k, v = project_heads(module, prompt, prompt, prompt)  # (B, H, P, d)
     return output, TokenCache.of_prompt(prompt, attention_mask, max_length, keys=k, values=v)

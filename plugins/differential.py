@@ -39,7 +39,7 @@ from torch import nn
 
 import playground
 from playground import AttentionOutput, AttentionVariant, Capabilities, VariantConfig
-from playground.decoding import TokenCache
+from playground.decoding import TokenCache, refuse_forward_arguments
 from playground.heads import (
     add_projections,
     attention_flops,
@@ -101,8 +101,10 @@ class DifferentialAttention(AttentionVariant):
         add_projections(self, d_model, bias=self.config.bias)
         half = self.head_dim // 2
         self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * self.config.layer_depth)
-        for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
-            setattr(self, name, nn.Parameter(torch.randn(half) * 0.1))
+        self.lambda_q1 = nn.Parameter(torch.randn(half) * 0.1)
+        self.lambda_k1 = nn.Parameter(torch.randn(half) * 0.1)
+        self.lambda_q2 = nn.Parameter(torch.randn(half) * 0.1)
+        self.lambda_k2 = nn.Parameter(torch.randn(half) * 0.1)
         self.subln = nn.RMSNorm(self.head_dim, eps=1e-5)
         self.scale = 1 / math.sqrt(half)
 
@@ -169,7 +171,8 @@ class DifferentialAttention(AttentionVariant):
         return AttentionOutput(self._heads_out(heads, query, empty_query_rows(allowed)), None)
 
     # --- decoding: both key halves and the values, cached ------------------------------
-    def prefill_state(self, prompt, attention_mask, max_length):
+    def prefill_state(self, prompt, attention_mask, max_length, **extra):
+        refuse_forward_arguments(self.name, extra)  # its state keeps none
         output = self(prompt, attention_mask=attention_mask, is_causal=True).output
         _, k, v = self._halves(prompt, prompt, prompt)  # k (B, H, P, 2, d); v (B, H, P, 2d)
         # K₁ and K₂ as 2H heads of d, (B, 2H, P, d): each half's keys contiguous.

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +28,7 @@ from torch import nn
 
 import playground
 from playground import AttentionOutput, AttentionVariant, Capabilities, VariantConfig
-from playground.decoding import TokenCache, cached_attention
+from playground.decoding import TokenCache, cached_attention, refuse_forward_arguments
 from playground.heads import attention_flops, project_output, split_heads
 from playground.masks import allowed_keys, empty_query_rows, masked_softmax
 
@@ -59,7 +60,7 @@ class GroupedQueryAttention(AttentionVariant):
     )
 
     @staticmethod
-    def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: object) -> float:
+    def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: Any) -> float:
         kv_width = d_model * int(options.get("num_kv_heads", 2)) // num_heads
         projections = 2 * 2 * n_q * d_model * d_model + 2 * 2 * n_k * d_model * kv_width
         return float(projections) + attention_flops(n_q * n_k, d_model)
@@ -115,7 +116,8 @@ class GroupedQueryAttention(AttentionVariant):
         return AttentionOutput(project_output(self, context, empty_query_rows(allowed)), None)
 
     # --- decoding: a cache of the G key/value heads ------------------------------------
-    def prefill_state(self, prompt, attention_mask, max_length):
+    def prefill_state(self, prompt, attention_mask, max_length, **extra):
+        refuse_forward_arguments(self.name, extra)  # its state keeps none
         output = self(prompt, attention_mask=attention_mask, is_causal=True).output
         _, k, v = self._project(prompt, prompt, prompt)  # k, v (B, G, P, d)
         cache = TokenCache.of_prompt(prompt, attention_mask, max_length, keys=k, values=v)

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 import playground
 from playground import AttentionOutput, AttentionVariant, Capabilities, VariantConfig
-from playground.decoding import DecodingState
+from playground.decoding import DecodingState, refuse_forward_arguments
 from playground.heads import add_projections, project_heads, project_output, projection_flops
 from playground.masks import allowed_keys, empty_query_rows, queries_without_keys
 
@@ -143,7 +143,8 @@ class LinearAttention(AttentionVariant):
         return torch.cat(contexts, dim=2)  # (B, H, Nq, d)
 
     # --- decoding: the recurrent state of §3.4 ------------------------------------------
-    def prefill_state(self, prompt, attention_mask, max_length):
+    def prefill_state(self, prompt, attention_mask, max_length, **extra):
+        refuse_forward_arguments(self.name, extra)  # its state keeps none
         output = self(prompt, attention_mask=attention_mask, is_causal=True).output
         _, phi_k, v = self._feature_maps(prompt, prompt, prompt, attention_mask)
         state = LinearState(phi_k.transpose(-2, -1) @ v, phi_k.sum(dim=2))  # padding left out

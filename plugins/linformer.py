@@ -57,7 +57,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import einops
 import torch
@@ -132,9 +132,14 @@ class LinformerAttention(AttentionVariant):
         ),
     )
     suite_options = {"seq_len": 130, "k": 8}  # the suite's long length, 130, fits
+    # Made by add_projections in __init__; declared so that their calls are type-checked.
+    q_proj: nn.Linear
+    k_proj: nn.Linear
+    v_proj: nn.Linear
+    out_proj: nn.Linear
 
     @staticmethod
-    def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: object) -> float:
+    def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: Any) -> float:
         # With fewer keys than k, E[:, :n_k] still makes k slots: of rank <= n_k, but the
         # softmax over them needs every one of their k scores.
         k = int(options.get("k", LinformerConfig.k))
@@ -163,7 +168,7 @@ class LinformerAttention(AttentionVariant):
         super().__init__(d_model, num_heads, **options)
         config = self.config
         add_projections(self, d_model, bias=config.bias)
-        shape = (config.k, config.seq_len)
+        shape: tuple[int, ...] = (config.k, config.seq_len)
         if config.sharing == "none":
             shape = (num_heads, *shape)  # (H, k, n): one E_i, F_i per head
         self.E = nn.Parameter(self._xavier_uniform(shape))  # projects keys

@@ -53,7 +53,12 @@ from torch import nn
 
 import playground
 from playground import AttentionOutput, AttentionVariant, Capabilities, InvalidInput, VariantConfig
-from playground.decoding import DecodingState, TokenCache, cached_attention
+from playground.decoding import (
+    DecodingState,
+    TokenCache,
+    cached_attention,
+    refuse_forward_arguments,
+)
 from playground.heads import merge_heads, project_output, split_heads
 from playground.kernels import BAND_BLOCK, banded_attention
 from playground.masks import masked_softmax
@@ -345,7 +350,10 @@ class LongformerAttention(AttentionVariant):
         return merge_heads(rows)  # (B, G, E)
 
     # --- decoding: a rolling window of local keys, the global tokens' kept for good -------
-    def prefill_state(self, prompt, attention_mask, max_length, global_attention_mask=None):
+    def prefill_state(
+        self, prompt, attention_mask, max_length, global_attention_mask=None, **extra
+    ):
+        refuse_forward_arguments(self.name, extra)  # global_attention_mask is its only one
         output = self(
             prompt,
             attention_mask=attention_mask,

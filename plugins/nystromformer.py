@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -102,7 +103,7 @@ class NystromAttention(AttentionVariant):
     flops_counted_path = "fast"
 
     @staticmethod
-    def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: object) -> float:
+    def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: Any) -> float:
         m = min(int(options.get("num_landmarks", 64)), n_q, n_k)
         head_dim = d_model // num_heads
         # Q K̃ᵀ and F̃ (Ã⁺ B̃ V); Q̃ K̃ᵀ; Q̃ Kᵀ and B̃ V.

@@ -60,6 +60,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -71,7 +72,7 @@ from playground import (
     UnsupportedFeature,
     VariantConfig,
 )
-from playground.decoding import DecodingState, real_tokens
+from playground.decoding import DecodingState, real_tokens, refuse_forward_arguments
 from playground.heads import add_projections, project_heads, project_output, projection_flops
 from playground.masks import causal_mask, queries_without_keys
 
@@ -207,7 +208,7 @@ class PerformerAttention(AttentionVariant):
     flops_uncounted = "the normaliser Σ φ(K_j), 2 per key and feature"
 
     @staticmethod
-    def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: object) -> float:
+    def flops(n_q: int, n_k: int, d_model: int, num_heads: int, **options: Any) -> float:
         head_dim = d_model // num_heads
         m = int(options.get("nb_features", 0)) or int(head_dim * math.log(head_dim))
         features = 2 * (n_q + n_k) * m * d_model  # W x for queries and keys, all heads
@@ -221,6 +222,8 @@ class PerformerAttention(AttentionVariant):
         if config.redraw_features:
             return dataclasses.replace(cls.capabilities, deterministic_in_training=False)
         return cls.capabilities
+
+    projection_matrix: torch.Tensor  # W (m, d): a buffer, registered in __init__
 
     def __init__(self, d_model: int = 512, num_heads: int = 8, **options: object) -> None:
         super().__init__(d_model, num_heads, **options)
@@ -297,7 +300,8 @@ class PerformerAttention(AttentionVariant):
         return torch.cat(contexts, dim=2)
 
     # --- decoding: the fast path's running sums, one key at a time -------------------------
-    def prefill_state(self, prompt, attention_mask, max_length):
+    def prefill_state(self, prompt, attention_mask, max_length, **extra):
+        refuse_forward_arguments(self.name, extra)  # its state keeps none
         self._refuse_redrawn_features()
         output = self(prompt, attention_mask=attention_mask, is_causal=True).output
         _, k, v = project_heads(self, prompt, prompt, prompt)  # (B, H, P, d)

@@ -217,6 +217,32 @@ def test_an_empty_prompt_starts_decoding():
             assert state.length == 5
 
 
+# Every decoding state written for the shipped plugins: the shared key/value cache
+# (vanilla's), and each plugin's own.
+DECODING_STATES = ["vanilla", "gqa", "differential", "linear", "performer", "longformer"]
+
+
+@pytest.mark.parametrize("name", DECODING_STATES)
+def test_a_decoding_state_refuses_a_forward_argument_it_does_not_keep(name):
+    """A user's subclass that declares a forward argument of its own but keeps its
+    parent's decoding state is refused when it decodes with that argument: the state
+    would decode later tokens without it (it was a TypeError of the hook's signature)."""
+    parent = playground.get_variant(name)
+    declares = type(
+        "DeclaresBias",
+        (parent,),
+        {"name": "declares_bias", "forward_kwargs": (*parent.forward_kwargs, "bias")},
+    )
+    torch.manual_seed(0)
+    module = declares(D_MODEL, HEADS).double().eval()
+    with pytest.raises(
+        UnsupportedFeature,
+        match=r"'declares_bias' does not support decoding with forward arguments \(bias\); "
+        r"its decoding state keeps none of them",
+    ):
+        module.prefill(tokens(1, 3), bias=torch.zeros(1, 3))
+
+
 class OnlyPrefills(playground.get_variant("linformer")):
     """Overrides prefill_state alone (never registered: registration refuses it)."""
 

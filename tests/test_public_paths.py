@@ -39,7 +39,10 @@ PUBLIC = {
         "allowed_keys", "empty_query_rows", "masked_softmax", "queries_without_keys",
         "causal_mask",
     ],
-    "playground.decoding": ["DecodingState", "TokenCache", "cached_attention", "real_tokens"],
+    "playground.decoding": [
+        "DecodingState", "TokenCache", "cached_attention", "real_tokens",
+        "refuse_forward_arguments",
+    ],
     "playground.kernels": [
         "BAND_BLOCK", "banded_attention", "blocked_attention", "biased_attention",
         "hankel_biased_attention", "relative_bias_attention", "native",

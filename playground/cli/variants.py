@@ -60,9 +60,8 @@ def command_info(registry: Registry, arguments: argparse.Namespace) -> int:
     console.print(f"flops at n=4096, d_model=512, 8 heads: {flops / 1e9:.1f} GFLOP per sequence")
     console.print(f"decoding state at d_model=512, 8 heads: {escape(state_size(registry, cls))}")
     if issubclass(cls, SoftmaxAttention):
-        structure = registry.build(cls.name, 512, 8).score_mod_structure()
-        console.print(f"score_mod path: {escape(str(structure))}")
-        module = registry.build(cls.name, 512, 8)
+        module = cls(d_model=512, num_heads=8)  # typed as the SoftmaxAttention it is
+        console.print(f"score_mod path: {escape(str(module.score_mod_structure()))}")
         console.print(f"CPU kernel, float32: {escape(str(module.cpu_kernel()))}")
     for line in bridges(cls):
         console.print(f"transformers bridge, {escape(line)}")

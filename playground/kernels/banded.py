@@ -198,8 +198,8 @@ class _FlashBand(torch.autograd.Function):
     def forward(ctx, queries, keys_values, prefix_keys_values, mask, band, num_heads):
         buffer = band.chunked(keys_values, 0.0, prefix_keys_values)  # (B, chunks·rows, 2E)
         q = band.query_blocks(queries, num_heads)
-        if q.dtype == torch.float32 and native.load() is not None:
-            out, log_sum_exp = native.load().blocked_forward(
+        if q.dtype == torch.float32 and (kernels := native.load()) is not None:
+            out, log_sum_exp = kernels.blocked_forward(
                 rows_unit_stride(_by_head(q)),
                 *_keys_and_values(buffer, num_heads),
                 *band.native_layout(mask),
@@ -248,9 +248,9 @@ class _FlashBand(torch.autograd.Function):
         buffer = band.chunked(keys_values, 0.0, prefix)
         q = band.query_blocks(queries, heads)
         grad_out = band.query_blocks(grad_context, heads)  # (B, blocks, H, block, d)
-        if q.dtype == torch.float32 and native.load() is not None:
+        if q.dtype == torch.float32 and (kernels := native.load()) is not None:
             grad_context, grad_buffer = _FlashBand.native_backward(
-                q, buffer, mask, out, log_sum_exp, grad_out, band
+                kernels, q, buffer, mask, out, log_sum_exp, grad_out, band
             )
         else:
             grad_context, grad_buffer = _FlashBand.python_backward(
@@ -269,14 +269,15 @@ class _FlashBand(torch.autograd.Function):
         )
 
     @staticmethod
-    def native_backward(q, buffer, mask, out, log_sum_exp, grad_out, band):
-        """The context's gradient (B, N, E) and the buffer's (B, chunks·rows, 2E) from
-        `playground.kernels.native`'s blocked backward, which adds each span's key and value
-        gradients in place onto the buffer's: (B, blocks, H, block, ·) tensors are read
-        as (B, H, blocks·block, ·), the buffer's keys and values as (B, H, rows, d)."""
+    def native_backward(kernels, q, buffer, mask, out, log_sum_exp, grad_out, band):
+        """The context's gradient (B, N, E) and the buffer's (B, chunks·rows, 2E) from the
+        blocked backward of `kernels` (what `native.load()` returned), which adds each
+        span's key and value gradients in place onto the buffer's: (B, blocks, H, block, ·)
+        tensors are read as (B, H, blocks·block, ·), the buffer's keys and values as
+        (B, H, rows, d)."""
         heads = q.shape[2]
         grad_buffer = torch.zeros_like(buffer)
-        grad_q = native.load().blocked_backward(
+        grad_q = kernels.blocked_backward(
             rows_unit_stride(_by_head(q)),
             *_keys_and_values(buffer, heads),
             rows_unit_stride(_by_head(out)),

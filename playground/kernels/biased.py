@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from playground.kernels import native
 from playground.kernels.common import differentiable_gradients, rows_unit_stride, transforms_active
@@ -126,7 +125,7 @@ class _FlashWithBiasGradient(torch.autograd.Function):
         scores.baddbmm_(q, k.transpose(1, 2), alpha=ctx.scale)
         # exp is many times slower below −87, where float32 underflows, than above it:
         # clamp there, then set what was clamped (P <= 1.65e−38: every hidden key) to 0.
-        probabilities = F.threshold_(scores.clamp_(min=-87.0).exp_(), 1.7e-38, 0.0)  # P
+        probabilities = torch.threshold_(scores.clamp_(min=-87.0).exp_(), 1.7e-38, 0.0)  # P
         # Products with a transposed operand run fastest as (d, ·) · (·, Nk), so dv and dk
         # are formed transposed: dvᵀ = dOᵀ P, dkᵀ = scale · qᵀ dS.
         grad_v = torch.bmm(grad_out.transpose(1, 2).contiguous(), probabilities)

@@ -24,7 +24,8 @@ for its own layers and its attention's projections.
 from __future__ import annotations
 
 import os
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -87,7 +88,8 @@ def onednn_linear(
     """x (M, in) @ weightᵀ (+ bias) -> (M, out) on oneDNN. x and weight may have any
     strides (oneDNN reads them, copying where it must); bias must be contiguous (its
     strides are ignored). The GEMM ceiling (`playground.run.instruments`) times it too."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    # torch.ops are looked up at run time, so untyped: this one returns a tensor.
+    return cast(torch.Tensor, torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], ""))
 
 
 def onednn_computes(device: torch.device | str, dtype: torch.dtype) -> bool:
@@ -102,8 +104,11 @@ class _OneDNNLinear(torch.autograd.Function):
     Under `create_graph` (a gradient of a gradient) the backward is written in torch's
     own differentiable operations instead, so second-order gradients are right."""
 
+    # ctx: torch's FunctionCtx, carrying this Function's own attributes (input_shape, ...).
     @staticmethod
-    def forward(ctx, x, weight, bias):
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])  # (M, in)
         # Each is kept only for the gradient that reads it: x for dW, W for dx.
         ctx.save_for_backward(
@@ -115,7 +120,9 @@ class _OneDNNLinear(torch.autograd.Function):
         return onednn_linear(rows, weight, bias).reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(
+        ctx: Any, grad_out: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         rows, weight = ctx.saved_tensors
         grad_rows = grad_out.reshape(-1, ctx.out_features)  # (M, out)
         differentiable = torch.is_grad_enabled()  # create_graph=True
@@ -131,6 +138,12 @@ class _OneDNNLinear(torch.autograd.Function):
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad_rows.sum(dim=0)
         return grad_x, grad_weight, grad_bias
+
+
+# torch leaves Function.apply unannotated; its signature is the forward's, less ctx.
+_onednn_linear_function: Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor
+] = _OneDNNLinear.apply
 
 
 def _applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
@@ -158,7 +171,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """`F.linear(x, weight, bias)`, on oneDNN where `backend()` says so and it applies."""
     if _applies(x, weight, bias):
         # oneDNN reads a bias as contiguous whatever its strides: give it one that is.
-        return _OneDNNLinear.apply(x, weight, None if bias is None else bias.contiguous())
+        return _onednn_linear_function(x, weight, None if bias is None else bias.contiguous())
     return F.linear(x, weight, bias)
 
 

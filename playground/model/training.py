@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -64,7 +65,7 @@ def learning_rate_factor(step: int, steps: int, warmup_fraction: float) -> float
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
-def _parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+def _parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     decay: list[torch.nn.Parameter] = []
     no_decay: list[torch.nn.Parameter] = []
     for name, parameter in model.named_parameters():  # a shared Parameter is listed once
@@ -96,7 +97,9 @@ def scored_logits(
     return model(tokens, mask), labels  # (B, C), (B,)
 
 
-def _batch(data: TaskData, index: torch.Tensor, device: torch.device | str) -> tuple:
+def _batch(
+    data: TaskData, index: torch.Tensor, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     mask = None if data.attention_mask is None else data.attention_mask[index].to(device)
     return data.tokens[index].to(device), data.labels[index].to(device), mask
 

@@ -34,6 +34,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from matplotlib.artist import Artist
 from matplotlib.figure import Figure
 
 from playground.errors import PlaygroundError
@@ -297,7 +298,7 @@ def history_figure(benchmark_dir: str | os.PathLike[str]) -> Figure:
                 axes.set_xticks(range(len(runs)), [run.label for run in runs], rotation=60)
                 axes.tick_params(axis="x", labelsize=7)
                 axes.set_xlabel("saved run (number, commit), oldest first")
-    handles = {}  # one legend entry per variant, whichever panels it appears in
+    handles: dict[str, Artist] = {}  # one legend entry per variant, whichever panels it is in
     for axes in grid.flat:
         for handle, label in zip(*axes.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, handle)

@@ -184,7 +184,7 @@ def failure_table(rows: Iterable[dict[str, Any]]) -> Table:
     table = []
     for row in rows:
         where = row.get("cell") or row["label"]
-        if row.get("task") and row.get("task") not in str(where):
+        if (task := row.get("task")) and task not in str(where):
             where = f"{where} | {row.get('task_label') or row['task']}"
         table.append([str(where), str(row.get("status")), str(row.get("error") or "")])
     return ["cell", "status", "error"], table

@@ -243,8 +243,7 @@ def summarize(
         if "task" in row:
             continue  # accuracy rows: accuracy_table()
         groups.setdefault((row["label"], row["pass"]), []).append(row)
-    baseline_label = baseline
-    baseline = {
+    baseline_times = {
         (row["pass"], row["seq_len"]): row["time_ms"]
         for row in rows
         if "task" not in row
@@ -253,7 +252,7 @@ def summarize(
         and row.get("time_ms")
     }
     timed = any(row.get("time_ms") for row in rows if "task" not in row)
-    missing = baseline_label if baseline_label and timed and not baseline else None
+    missing = baseline if baseline and timed and not baseline_times else None
     # A forward slower than forward+backward of the same point and n is impossible: both
     # lines get a flag.
     times = {
@@ -271,7 +270,7 @@ def summarize(
         time_fit, memory_fit = scaling_fits(group)
         for row in sorted(group, key=lambda r: r["seq_len"]):
             time_ms = row.get("time_ms")
-            reference = baseline.get((pass_name, row["seq_len"]))
+            reference = baseline_times.get((pass_name, row["seq_len"]))
             memory = row.get("peak_memory_bytes")
             efficiency = best_efficiency(row, ceilings)
             bandwidth_efficiency = best_efficiency(row, ceilings, "bandwidth_bytes_per_s")

@@ -19,7 +19,7 @@ import functools
 import math
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -239,6 +239,7 @@ class ListOps(Task):
     summary = "Value 0–9 of a nested MIN/MAX/MED/SM expression (sequence classification)."
     paper = "Nangia & Bowman 2018; Tay et al. 2021 (Long Range Arena), §3.1"
     Options = ListOpsOptions
+    options: ListOpsOptions  # built from Options by Task.__init__
     target = "sequence"
     pads = True
     default_steps = 500
@@ -310,5 +311,5 @@ class ListOps(Task):
 
 
 @hookimpl
-def register_tasks(register):
+def register_tasks(register: Callable[[type[Task]], None]) -> None:
     register(ListOps)

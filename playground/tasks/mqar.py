@@ -8,6 +8,7 @@ the number of pairs: (64, 4), (128, 8), (256, 16).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -86,6 +87,7 @@ class MQAR(Task):
     summary = "Recall the value paired with each queried key (per-token)."
     paper = "Arora et al. 2023, Zoology, §3.1 (multi-query associative recall)"
     Options = MQAROptions
+    options: MQAROptions  # built from Options by Task.__init__
     target = "token"
     default_steps = 1200
     num_train = 40_000  # about one pass: a smaller pool is memorised, not looked up
@@ -138,5 +140,5 @@ class MQAR(Task):
 
 
 @hookimpl
-def register_tasks(register):
+def register_tasks(register: Callable[[type[Task]], None]) -> None:
     register(MQAR)

@@ -10,6 +10,7 @@ rotation of the sinusoids.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -60,6 +61,7 @@ class Lookback(Task):
     summary = "Name the token `offset` places back (per-token; needs relative position)."
     paper = "positional probe in the spirit of Shaw et al. 2018 / Raffel et al. 2020 §2.1"
     Options = LookbackOptions
+    options: LookbackOptions  # built from Options by Task.__init__
     target = "token"
     default_steps = 300
 
@@ -90,5 +92,5 @@ class Lookback(Task):
 
 
 @hookimpl
-def register_tasks(register):
+def register_tasks(register: Callable[[type[Task]], None]) -> None:
     register(Lookback)

@@ -131,10 +131,11 @@ def iter_cases(
     options: dict[str, Any] | None = None,
 ) -> Iterator[CheckCase]:
     """Every (variant, impl, check) case; `variants=None` means every registered one."""
-    registry = registry or (default_registry() if variants is None else None)
-    names = registry.names() if variants is None else variants
+    if variants is None:
+        registry = registry or default_registry()
+        variants = registry.names()
     frozen_options = tuple(sorted((options or {}).items()))
-    for variant in names:
+    for variant in variants:
         cls = resolve_variant(variant, registry)
         impls = ("fast", "reference") if cls.forward_fast is not None else ("fast",)
         for impl in impls:

@@ -15,11 +15,13 @@ every declared mask combination, and for gradients as well as values.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from playground.contract import AttentionOutput
+from playground.contract import AttentionOutput, AttentionVariant
 from playground.errors import InvalidInput, UnsupportedFeature
 from playground.masks import allowed_keys
 from playground.testing.corners import (
@@ -97,7 +99,7 @@ def check_empty_inputs(subject: Subject) -> None:
     """A batch of 0, or no query (or no key), returns zeros of the contract's shape."""
     module = subject.build()
     x = subject.tokens()
-    calls = {"batch 0": (x[:0],), "no query": (x[:, :0],)}
+    calls: dict[str, tuple[torch.Tensor, ...]] = {"batch 0": (x[:0],), "no query": (x[:, :0],)}
     if subject.caps.cross_attention:
         calls["no key"] = (x, x[:, :0], x[:, :0])
     for label, arguments in calls.items():
@@ -275,7 +277,9 @@ def check_fully_masked_rows_are_zero(subject: Subject) -> None:
     for n in (subject.seq_len, subject.lengths[-1]):
         nothing = subject.padding_mask(n)
         nothing[0] = False  # element 0: every key is padding, so all its queries are empty
-        cases = [({"attention_mask": nothing}, ~nothing.any(dim=-1, keepdim=True).expand(-1, n))]
+        cases: list[tuple[dict[str, Any], torch.Tensor]] = [
+            ({"attention_mask": nothing}, ~nothing.any(dim=-1, keepdim=True).expand(-1, n))
+        ]
         if subject.caps.causal:
             first_padded = subject.padding_mask(n)
             first_padded[:, 0] = False  # query 0 sees only key 0, which is padding
@@ -314,7 +318,7 @@ def check_gradients_reach_every_parameter(subject: Subject) -> None:
 
 def check_eval_mode_is_deterministic(subject: Subject) -> None:
     """In eval mode two calls give identical outputs, dropout included."""
-    overrides = {"dropout": 0.5} if "dropout" in _option_names(subject) else {}
+    overrides: dict[str, Any] = {"dropout": 0.5} if "dropout" in _option_names(subject) else {}
     module, x = subject.build(**overrides), subject.tokens()
     with torch.no_grad():
         difference = max_difference(module(x).output, module(x).output)
@@ -583,7 +587,7 @@ def check_undeclared_features_raise(subject: Subject) -> None:
         requests.append(("a sequence over max_seq_len", lambda: module(longer)))
     undeclared = [d for d in (torch.float64, torch.bfloat16) if d not in caps.dtypes]
     for dtype in undeclared:
-        requests.append((str(dtype), lambda dtype=dtype: module.to(dtype)(x.to(dtype))))
+        requests.append((str(dtype), functools.partial(_converted_forward, module, x, dtype)))
     if not requests:
         raise CheckSkipped("the variant declares every feature the suite can request")
     for feature, call in requests:
@@ -592,6 +596,14 @@ def check_undeclared_features_raise(subject: Subject) -> None:
         except UnsupportedFeature:
             continue
         raise CheckFailed(f"asking for undeclared {feature} did not raise UnsupportedFeature")
+
+
+def _converted_forward(
+    module: AttentionVariant, x: torch.Tensor, dtype: torch.dtype
+) -> AttentionOutput:
+    """The forward of module and x, both converted to `dtype` when it runs: after the
+    other requests, which need the module as built (`.to` converts it in place)."""
+    return module.to(dtype)(x.to(dtype))
 
 
 def check_rejects_malformed_inputs(subject: Subject) -> None:

@@ -27,7 +27,7 @@ from playground.report.plots.style import (
 )
 from playground.run.stats import accuracy_error_bar
 
-CHANCE_STYLE = dict(color="0.15", linestyle="--", linewidth=1.2)
+CHANCE_STYLE: dict[str, Any] = dict(color="0.15", linestyle="--", linewidth=1.2)  # line kwargs
 
 
 def task_name(row: dict[str, Any]) -> str:
@@ -81,7 +81,7 @@ def accuracy_figure(run: RunData) -> Figure | None:
             )
             seeds = row.get("accuracy_per_seed") or []
             axes.plot([x] * len(seeds), seeds, "o", color="0.1", markersize=2.5, alpha=0.7)
-        chances = {r.get("chance") for r in task_rows.values() if r.get("chance") is not None}
+        chances = {r["chance"] for r in task_rows.values() if r.get("chance") is not None}
         for chance in chances:
             axes.hlines(chance, group - 0.45, group + 0.45, **CHANCE_STYLE)
     # Long labels (options, width, curriculum) wrap onto lines of their own words.
@@ -99,7 +99,7 @@ def accuracy_figure(run: RunData) -> Figure | None:
 
 def _training_notes(rows: list[dict[str, Any]]) -> list[str]:
     """What the bars were trained with: steps and seeds per task."""
-    notes = {}
+    notes: dict[str, str] = {}  # one note per task
     for row in rows:
         if row.get("status", OK) == OK:
             seeds = len(row.get("accuracy_per_seed") or [])
@@ -263,9 +263,10 @@ def _exact_at(run: RunData, label: str, n: int) -> bool:
     and exact attention itself is not flagged."""
     errors: dict[int, float] = {}
     for row in run.measurements:
-        error = row.get("fidelity_rel_error")
-        usable = isinstance(error, int | float) and math.isfinite(error)
-        if row.get("label") == label and row.get("status") == OK and usable:
-            errors[row.get("seq_len")] = max(errors.get(row.get("seq_len"), 0.0), error)
+        if row.get("label") != label or row.get("status") != OK:
+            continue
+        error, seq_len = row.get("fidelity_rel_error"), row.get("seq_len")
+        if isinstance(error, int | float) and math.isfinite(error) and isinstance(seq_len, int):
+            errors[seq_len] = max(errors.get(seq_len, 0.0), error)
     exact_here = n in errors and errors[n] < EXACT_TOLERANCE
     return exact_here and any(e >= EXACT_TOLERANCE for e in errors.values())

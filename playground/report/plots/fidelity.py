@@ -7,10 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, NullLocator
+from matplotlib.typing import LineStyleType
 
 from playground.report.plots.data import OK, RunData, format_value, swept_options
 from playground.report.plots.scaling import set_length_axis
@@ -23,7 +25,7 @@ from playground.report.plots.style import (
     shade,
 )
 
-INPUTS = (
+INPUTS: tuple[tuple[str, str, LineStyleType, str], ...] = (
     ("", "random inputs", "-", "o"),
     ("local_", "local inputs", "--", "s"),
 )
@@ -59,7 +61,12 @@ def _frame(figure: Figure) -> tuple[Axes, Axes]:
 
 def _log_errors(error_axes: Axes) -> None:
     """The error axis is logarithmic (errors span decades between variants)."""
-    log_axis(error_axes, [y for line in error_axes.lines for y in line.get_ydata()])
+    log_axis(error_axes, _plotted(error_axes))
+
+
+def _plotted(axes: Axes) -> list[float]:
+    """Every y value the lines of `axes` draw."""
+    return [y for line in axes.lines for y in np.asarray(line.get_ydata(), float).tolist()]
 
 
 def _cost_panel(
@@ -154,7 +161,7 @@ def fidelity_vs_option(run: RunData, variant: str, option: str) -> Figure:
     _log_errors(axes_pair[0])
     if timed:
         cost = figure.axes[2]
-        log_axis(cost, [y for line in cost.lines for y in line.get_ydata()])
+        log_axis(cost, _plotted(cost))
         cost.set_ylabel(f"median {group[0].get('pass', 'forward')} time (ms)")
         cost.set_title("cost (lower is better)", fontsize=10)
     locality = _locality_note(rows)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,7 +33,7 @@ def draw_figures(run: RunData, registry: Registry | None = None) -> dict[str, Fi
     assign_colours(row["variant"] for row in run.rows if "variant" in row)
     if run.measurements:
         for metric in METRICS:
-            made[metric.stem] = _drawn(metric.stem, lambda m=metric: scaling_figure(run, m))
+            made[metric.stem] = _drawn(metric.stem, functools.partial(scaling_figure, run, metric))
         made.update(_drawn("fidelity", lambda: fidelity_figures(run)) or {})
     made["accuracy"] = _drawn("accuracy", lambda: accuracy_figure(run))
     made["cost_vs_accuracy"] = _drawn("cost_vs_accuracy", lambda: cost_accuracy_figure(run))

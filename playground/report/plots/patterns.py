@@ -127,7 +127,7 @@ def _position_axes(axes: Axes, shape: tuple[int, ...], columns: str, first_colum
 def _bar_ticks(bar: Colorbar, low: float, high: float, count: int) -> None:
     """`count` fixed, evenly spaced ticks on a colour bar (its own locator costs seconds
     over dozens of bars)."""
-    ticks = np.linspace(low, high, count)
+    ticks = np.linspace(low, high, count).tolist()
     bar.set_ticks(ticks, labels=[f"{tick:.2g}" for tick in ticks])
     bar.ax.tick_params(labelsize=7)
 
@@ -159,14 +159,14 @@ def attention_pattern_figure(
     )
     grid = figure.subplots(2 * rows, per_row, squeeze=False)
     for unused in range(len(points), rows * per_row):
-        row, column = divmod(unused, per_row)
-        for axes in grid[2 * row : 2 * row + 2, column]:
+        grid_row, column = divmod(unused, per_row)
+        for axes in grid[2 * grid_row : 2 * grid_row + 2, column]:
             axes.set_visible(False)
     figure.suptitle(f"Attention on {n} tokens: weights of head 0 (top) and mask (bottom)")
     notes = []
     for index, (name, original) in enumerate(points.items()):
-        row, column = divmod(index, per_row)
-        top, bottom = grid[2 * row, column], grid[2 * row + 1, column]
+        grid_row, column = divmod(index, per_row)
+        top, bottom = grid[2 * grid_row, column], grid[2 * grid_row + 1, column]
         try:
             fitted = checked_options_hook(registry.get(name), "picture_options", original, n)
             module, options = _build(registry, name, fitted, d_model, num_heads)
@@ -201,7 +201,8 @@ def attention_pattern_figure(
             interpolation="nearest",
         )
         bar = figure.colorbar(image, ax=top, shrink=0.8, label="weight")
-        _bar_ticks(bar, norm.vmin, norm.vmax, 3)
+        low, high = image.get_clim()  # the norm's limits
+        _bar_ticks(bar, low, high, 3)
         title = _panel_title(declared(name, "display_name") or name, options, original)
         top.set_title(title, fontsize=9, color=readable(variant_colour(name)))
         bottom.imshow(
@@ -265,15 +266,15 @@ def relative_bias_figure(
     figure = Figure(figsize=(columns * 3.7 + 0.6, len(biases) * 2.9 + 1.0), layout="constrained")
     grid = figure.subplots(len(biases), columns, squeeze=False)
     figure.suptitle(f"Bias added to the scores by position, on {n} tokens (as initialised)")
-    for line, (name, bias) in zip(grid, biases.items(), strict=True):
+    for line, (name, head_biases) in zip(grid, biases.items(), strict=True):
         for index, (axes, head) in enumerate(zip(line, heads, strict=True)):
             # Each head its own scale: heads' biases differ by orders of magnitude (a
             # slope per head), and one scale per row leaves the gentle heads blank.
-            limit = float(np.abs(bias[head]).max()) or 1.0
+            limit = float(np.abs(head_biases[head]).max()) or 1.0
             # aspect="auto": a fixed (equal) aspect defeats the constrained layout, which
             # then lets a row's axis labels run into the next row's titles.
             image = axes.imshow(
-                bias[head],
+                head_biases[head],
                 cmap="RdBu_r",
                 vmin=-limit,
                 vmax=limit,
@@ -281,7 +282,7 @@ def relative_bias_figure(
                 aspect="auto",
             )
             axes.set_title(f"{name}, head {head}", fontsize=9, color=readable(variant_colour(name)))
-            _position_axes(axes, bias[head].shape, "key position j", first_column=index == 0)
+            _position_axes(axes, head_biases[head].shape, "key position j", first_column=index == 0)
             bar = figure.colorbar(image, ax=axes, shrink=0.8, pad=0.02)
             _bar_ticks(bar, -limit, limit, 5)
             if index == len(heads) - 1:

@@ -32,7 +32,7 @@ from playground.report.plots.style import (
 from playground.run.state_size import KEY_VALUE_BYTES, RECOMPUTED_INPUTS
 from playground.run.stats import accuracy_error_bar
 
-FRONTIER_STYLE = dict(color="0.25", linewidth=1.4, linestyle="-", zorder=1)
+FRONTIER_STYLE: dict[str, Any] = dict(color="0.25", linewidth=1.4, linestyle="-", zorder=1)
 
 
 def pareto_frontier(points: Sequence[tuple[float, float]]) -> list[int]:

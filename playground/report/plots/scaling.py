@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
@@ -257,7 +257,7 @@ def scaling_figure(run: RunData, metric: Metric) -> Figure | None:
     return figure
 
 
-def _positive(value: Any, log_y: bool) -> bool:
+def _positive(value: object, log_y: bool) -> TypeGuard[float]:
     """Whether a row's value can be drawn: a finite number (a flagged row may hold None,
     inf or NaN, which would break the axis limits of the whole figure), positive on a
     log axis."""

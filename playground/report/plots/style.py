@@ -53,7 +53,9 @@ PANEL_SIZE = (5.2, 3.9)
 
 
 WIDE_PALETTE = tuple(
-    to_hex(colour) for name in ("tab20", "tab20b") for colour in colormaps[name].colors
+    to_hex(colormaps[name](index))  # an integer picks a listed map's colour `index`
+    for name in ("tab20", "tab20b")
+    for index in range(colormaps[name].N)
 )
 """Forty distinguishable colours, used in order when the hashed colours of a run's
 variants collide (a run with many variants), so no two legend entries share a colour."""

@@ -36,8 +36,11 @@ def swept_key(choice: Choice) -> str | None:
 
 def sweep_figure(run: RunData) -> Figure | None:
     """None when the run has no sweep with a numeric setting that varies."""
-    drawn = [(choice, swept_key(choice)) for choice in run.sweeps if choice.scored]
-    drawn = [(choice, key) for choice, key in drawn if key is not None]
+    drawn = [
+        (choice, key)
+        for choice in run.sweeps
+        if choice.scored and (key := swept_key(choice)) is not None
+    ]
     if not drawn:
         return None
     panels = sorted({(choice.sweep, choice.eval_length, key) for choice, key in drawn}, key=str)

@@ -12,6 +12,7 @@ from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
+from matplotlib.typing import ColorType
 
 from playground.report.plots.accuracy import task_name
 from playground.report.plots.data import OK, RunData
@@ -39,6 +40,7 @@ def task_grid_figure(run: RunData) -> Figure | None:
     )
     axes = figure.subplots()
     colours = colormaps["viridis"]
+    face: ColorType  # a grey for a failed cell, the accuracy's colour otherwise
     for y, label in enumerate(labels):
         for x, task in enumerate(tasks):
             row = cells.get((label, task))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,7 @@ import torch
 
 from playground.errors import ConfigError
 from playground.hookspecs import hookimpl
-from playground.tasks import LanguageTask, TaskData, TaskOptions
+from playground.tasks import LanguageTask, Task, TaskData, TaskOptions
 from playground.tasks.lm.corpus import STDLIB, Corpus, CorpusError, load_corpus
 
 
@@ -206,5 +207,5 @@ def _windows(stream: torch.Tensor, length: int, span: int) -> TaskData:
 
 
 @hookimpl
-def register_tasks(register):
+def register_tasks(register: Callable[[type[Task]], None]) -> None:
     register(ByteLanguageModelling)

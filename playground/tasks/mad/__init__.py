@@ -39,7 +39,10 @@ copy). What is the same in all six:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from playground.hookspecs import hookimpl
+from playground.tasks import Task
 from playground.tasks.mad.compression import Compression
 from playground.tasks.mad.copying import SelectiveCopying
 from playground.tasks.mad.fuzzy_recall import FuzzyInContextRecall
@@ -58,6 +61,6 @@ MAD_TASKS = (
 
 
 @hookimpl
-def register_tasks(register):
+def register_tasks(register: Callable[[type[Task]], None]) -> None:
     for task in MAD_TASKS:
         register(task)
