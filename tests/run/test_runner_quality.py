@@ -33,7 +33,7 @@ from playground.run.instruments import (
 )
 from playground.run.runner import Runner
 from playground.run.spec_loading import load_spec
-from playground.run.spec_overrides import apply_overrides
+from playground.run.spec_overrides import apply_overrides, size_overrides
 from playground.run.store import LOCK, RunLocked, RunStore
 
 TINY = """
@@ -90,7 +90,8 @@ def fixed_gemm(monkeypatch):
 def make_runner(registry, tmp_path, console=None, **overrides):
     path = tmp_path / "spec.toml"
     path.write_text(textwrap.dedent(TINY))
-    spec = apply_overrides(load_spec(str(path), registry), registry, overrides)
+    spec = load_spec(str(path), registry, size_overrides(overrides))
+    spec = apply_overrides(spec, registry, overrides)
     store = RunStore.create(tmp_path / "results", spec.name)
     return Runner(spec, registry, store, console or Console(file=io.StringIO())), store
 
