@@ -176,7 +176,7 @@ def test_the_forward_follows_the_decision_it_is_given(monkeypatch):
         "playground.softmax_attention.relative_bias_attention",
         lambda *args, **kwargs: relative_calls.append(1),
     )
-    assert _exact(_Slopes) is forced
+    assert _exact(_Slopes) == forced
     assert not relative_calls
 
 
