@@ -9,8 +9,6 @@ from dataclasses import dataclass
 
 import torch
 
-FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-
 
 @dataclass(frozen=True)
 class Capabilities:

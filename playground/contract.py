@@ -18,7 +18,6 @@ from typing import Any, ClassVar, Literal, NamedTuple
 import torch
 from torch import nn
 
-from playground.capabilities import FLOAT_DTYPES as FLOAT_DTYPES
 from playground.capabilities import Capabilities as Capabilities
 from playground.config import VariantConfig, build_config
 from playground.decoding import DecodingState, RecomputeState, left_aligned, real_tokens, shifted
