@@ -256,3 +256,8 @@ class LanguageTask(Task):
     def sample_bytes(self) -> int:
         """How many bytes of continuation a report shows."""
         raise NotImplementedError
+
+    @property
+    def position_bucket(self) -> int:
+        """Positions per bucket of the loss by position (`bits_per_byte_by_position`)."""
+        return 64

@@ -50,9 +50,12 @@ class LanguageModellingOptions(TaskOptions):
     """Where the continuation shown in the report starts."""
     sample_bytes: int = 64
     """Bytes of greedy continuation shown in the report."""
+    position_bucket: int = 64
+    """Positions per bucket of the loss by position (`bits_per_byte_by_position`): each
+    evaluation length's rows also give bits per byte over positions [0, 64), [64, 128), …"""
 
     def __post_init__(self) -> None:
-        for name in ("seq_len", "eval_bytes", "sample_bytes"):
+        for name in ("seq_len", "eval_bytes", "sample_bytes", "position_bucket"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer; got {value!r}")
@@ -130,6 +133,10 @@ class ByteLanguageModelling(LanguageTask):
     @property
     def sample_bytes(self) -> int:
         return self.options.sample_bytes
+
+    @property
+    def position_bucket(self) -> int:
+        return self.options.position_bucket
 
     def describe_data(self) -> dict[str, Any]:
         return self.corpus.describe()
