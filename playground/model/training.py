@@ -199,27 +199,43 @@ EVAL_TOKENS_PER_BATCH = 16384
 
 
 @torch.no_grad()
+def bits_by_position(
+    model: TransformerClassifier, data: TaskData, *, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy in bits summed at each position of `data`'s windows (next-byte
+    labels), and how many labels each position scored: two (L,) float64 tensors. Their
+    ratio is the loss at each position; the sums' total over the counts' total is
+    `bits_per_byte`."""
+    model.eval()
+    length = data.tokens.shape[1]
+    batch_size = max(1, EVAL_TOKENS_PER_BATCH // length)
+    totals = torch.zeros(length, dtype=torch.float64)
+    counts = torch.zeros(length, dtype=torch.float64)
+    for start in range(0, len(data), batch_size):
+        index = torch.arange(start, min(start + batch_size, len(data)))
+        tokens, labels, mask = _batch(data, index, device)
+        logits, scored_labels = scored_logits(model, tokens, labels, mask)
+        nats = F.cross_entropy(logits.double(), scored_labels, reduction="none")
+        if not bool(torch.isfinite(nats).all()):
+            bad = float(nats[~torch.isfinite(nats)][0])
+            raise InvalidOutput(
+                f"the model's loss is {bad} on held-out windows of {length} tokens: its "
+                f"outputs are not finite there"
+            )
+        scored = (labels != IGNORE).cpu()  # (B, L): the positions `nats` holds, row-major
+        position = torch.arange(length).expand_as(scored)[scored]
+        totals.index_add_(0, position, nats.cpu())
+        counts.index_add_(0, position, torch.ones_like(position, dtype=torch.float64))
+    return totals / math.log(2), counts
+
+
 def bits_per_byte(
     model: TransformerClassifier, data: TaskData, *, device: torch.device | str = "cpu"
 ) -> float:
     """Cross-entropy in bits over every scored position of `data` (next-byte labels),
     averaged per position: the total over all of them divided by their number."""
-    model.eval()
-    batch_size = max(1, EVAL_TOKENS_PER_BATCH // data.tokens.shape[1])
-    total, count = 0.0, 0
-    for start in range(0, len(data), batch_size):
-        index = torch.arange(start, min(start + batch_size, len(data)))
-        tokens, labels, mask = _batch(data, index, device)
-        logits, scored_labels = scored_logits(model, tokens, labels, mask)
-        nats = F.cross_entropy(logits.double(), scored_labels, reduction="sum")
-        if not math.isfinite(float(nats)):
-            raise InvalidOutput(
-                f"the model's loss is {float(nats)} on held-out windows of "
-                f"{tokens.shape[1]} tokens: its outputs are not finite there"
-            )
-        total += float(nats)
-        count += scored_labels.numel()
-    return total / max(count, 1) / math.log(2)
+    totals, counts = bits_by_position(model, data, device=device)
+    return float(totals.sum()) / max(float(counts.sum()), 1.0)
 
 
 def majority_rate(data: TaskData) -> float:

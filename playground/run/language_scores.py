@@ -23,7 +23,7 @@ from typing import Any
 
 from playground.errors import ConfigError, UnsupportedFeature, failure_fields
 from playground.model.sampling import continue_bytes
-from playground.model.training import bits_per_byte
+from playground.model.training import bits_by_position, bits_per_byte
 from playground.model.transformer import TransformerClassifier
 from playground.run.stats import interval_half_width
 from playground.tasks import LanguageTask
@@ -92,6 +92,9 @@ class LengthScore:
     scored_bytes: int = 0
     failure: dict[str, str] | None = None
     """`failure_fields` of why it was not scored (None when it was)."""
+    by_position: tuple[float, ...] = ()
+    """Bits per byte over each bucket of positions ([0, B), [B, 2B), …; the last one
+    may be shorter), B the task's `position_bucket`."""
 
 
 @dataclass(frozen=True)
@@ -122,7 +125,18 @@ def score_length(
                 caps.max_seq_len_hint,
             )
         data = task.held_out(length)
-        return LengthScore(length, bits_per_byte(model, data, device=device), data.tokens.numel())
+        totals, counts = bits_by_position(model, data, device=device)
+        bucket = task.position_bucket
+        by_position = tuple(
+            float(totals[start : start + bucket].sum() / counts[start : start + bucket].sum())
+            for start in range(0, length, bucket)
+        )
+        return LengthScore(
+            length,
+            float(totals.sum()) / float(counts.sum()),
+            data.tokens.numel(),
+            by_position=by_position,
+        )
     except Exception as error:  # one length's failure is its row's, not the model's
         return LengthScore(length, failure=failure_fields(error))
 
@@ -162,6 +176,7 @@ def length_fields(
         return fields
     values = [score.bits_per_byte for score in scores if score.bits_per_byte is not None]
     mean = statistics.fmean(values)
+    buckets = list(zip(*(score.by_position for score in scores), strict=True))
     half = interval_half_width(values)
     fields.update(
         status="ok",
@@ -173,6 +188,8 @@ def length_fields(
         bits_per_byte_std=statistics.stdev(values) if len(values) > 1 else 0.0,
         bits_per_byte_per_seed=values,
         scored_bytes=scores[0].scored_bytes,
+        bits_per_byte_by_position=[statistics.fmean(bucket) for bucket in buckets],
+        bits_per_byte_by_position_ci95=[interval_half_width(bucket) for bucket in buckets],
     )
     return fields
 
@@ -213,6 +230,7 @@ def language_fields(
     return {
         "metric": task.metric,
         "train_length": task.seq_len,
+        "position_bucket": task.position_bucket,
         **first,
         "validation_bits_per_byte": statistics.fmean(
             result.validation_bits_per_byte for result in results

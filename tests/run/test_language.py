@@ -200,6 +200,9 @@ def test_a_row_per_setup_and_evaluation_length(registry, tmp_path, corpus):
         assert row["bits_per_byte_mean"] <= row["bits_per_byte_ci95_high"]
         assert 0 < row["bits_per_byte_mean"] < 9  # a few steps from log2(256) = 8
         assert row["scored_bytes"] == EVAL_BYTES
+        # one bucket of 64 positions holds every position of these short windows
+        assert row["position_bucket"] == 64
+        assert row["bits_per_byte_by_position"] == pytest.approx([row["bits_per_byte_mean"]])
         assert 0 < row["bigram_bits_per_byte"] < row["unigram_bits_per_byte"] < 8
         assert row["tokens_per_s"] > 0
         assert [sample["seed"] for sample in row["samples"]] == [0, 1]

@@ -60,10 +60,10 @@ def language_panels(run: RunData) -> dict[tuple[str, Any], Rows]:
 
 def untrained_notes(run: RunData) -> list[str]:
     """Notes for the setups refused before training (no length of their own)."""
-    return [_failure_note(row) for row in run.language if row.get("train_length") is None]
+    return [language_failure_note(row) for row in run.language if row.get("train_length") is None]
 
 
-def _scored(row: dict[str, Any]) -> bool:
+def scored_row(row: dict[str, Any]) -> bool:
     mean = row.get("bits_per_byte_mean")
     usable = isinstance(mean, int | float) and not isinstance(mean, bool) and math.isfinite(mean)
     return row.get("status", OK) == OK and usable
@@ -92,7 +92,7 @@ def own_settings(row: dict[str, Any], shared: list[str]) -> str:
     return " ".join(token for token in model_settings(row).split() if token not in shared)
 
 
-def _setups(run: RunData, rows: Rows) -> dict[str, Rows]:
+def language_setups(run: RunData, rows: Rows) -> dict[str, Rows]:
     """setup (its label and own settings) -> its rows, the run's series order (baseline
     first, then by variant), a setup without settings of its own before those with."""
     order = {label: index for index, label in enumerate(run.labels(rows))}
@@ -104,7 +104,7 @@ def _setups(run: RunData, rows: Rows) -> dict[str, Rows]:
     return by_setup
 
 
-def _styles(run: RunData) -> dict[str, Any]:
+def setting_styles(run: RunData) -> dict[str, Any]:
     """a setup's own model settings -> line style, the same in every panel."""
     shared = shared_settings(run.language)
     settings = sorted({own_settings(row, shared) for row in run.language} - {""})
@@ -114,12 +114,12 @@ def _styles(run: RunData) -> dict[str, Any]:
     return styles
 
 
-def _title(task: str, rows: Rows, train_length: Any) -> str:
+def panel_title(task: str, rows: Rows, train_length: Any) -> str:
     shared = " ".join(shared_settings(rows))
     return f"{task}{' ' + shared if shared else ''}: trained at L = {train_length}"
 
 
-def _failure_note(row: dict[str, Any]) -> str:
+def language_failure_note(row: dict[str, Any]) -> str:
     message = (row.get("error") or "").strip().splitlines()
     detail = f": {message[0][:110]}" if message else ""
     length = row.get("eval_length")
@@ -127,7 +127,7 @@ def _failure_note(row: dict[str, Any]) -> str:
     return f"{row.get('status', '?')}: {setup_name(row)} {where}{detail}"
 
 
-def _corpus_note(task: str, rows: Rows) -> str | None:
+def corpus_note(task: str, rows: Rows) -> str | None:
     """The corpus and the schedule a panel's numbers rest on."""
     row = next((r for r in rows if r.get("corpus_fingerprint")), None)
     if row is None:
@@ -144,7 +144,7 @@ def _corpus_note(task: str, rows: Rows) -> str | None:
     )
 
 
-def _baselines(axes: Axes, rows: Rows) -> None:
+def draw_baselines(axes: Axes, rows: Rows) -> None:
     """The unigram and bigram baselines of the panel's corpus, grey, labelled on the line."""
     transform = blended_transform_factory(axes.transAxes, axes.transData)
     for name, key, grey in BASELINES:
@@ -164,7 +164,7 @@ def _baselines(axes: Axes, rows: Rows) -> None:
         )
 
 
-def _training_length(axes: Axes, length: int) -> None:
+def mark_training_length(axes: Axes, length: int) -> None:
     axes.axvline(length, color=TRAINING_LENGTH_GREY, linestyle="--", linewidth=1.0, zorder=0)
     axes.text(
         length,
@@ -185,16 +185,18 @@ def extrapolation_figure(run: RunData) -> Figure | None:
     panels = language_panels(run)
     if not panels:
         return None
-    styles = _styles(run)
+    styles = setting_styles(run)
     figure = new_figure(len(panels), "Bits per byte against evaluation length (lower is better)")
     notes: list[str] = untrained_notes(run)
     statuses: set[str] = set()
     for axes, ((task, train_length), rows) in zip(figure.axes, panels.items(), strict=True):
         stack: dict[float, int] = {}
-        for setup, setup_rows in _setups(run, rows).items():
+        for setup, setup_rows in language_setups(run, rows).items():
             series = run.series[setup_rows[0]["label"]]
             colour = series_colour(series)
-            points = sorted((r for r in setup_rows if _scored(r)), key=lambda r: r["eval_length"])
+            points = sorted(
+                (r for r in setup_rows if scored_row(r)), key=lambda r: r["eval_length"]
+            )
             if points:
                 below, above = zip(*(_error_bar(r) for r in points), strict=True)
                 axes.errorbar(
@@ -209,18 +211,18 @@ def extrapolation_figure(run: RunData) -> Figure | None:
                     capsize=3,
                     label=setup,
                 )
-            failed = [r for r in setup_rows if not _scored(r)]
+            failed = [r for r in setup_rows if not scored_row(r)]
             drawn = [r for r in failed if isinstance(r.get("eval_length"), int)]
             mark_failures(
                 axes, [(r["eval_length"], r.get("status", "error")) for r in drawn], colour, stack
             )
             statuses.update(r.get("status", "error") for r in drawn)
-            notes.extend(_failure_note(r) for r in failed)
+            notes.extend(language_failure_note(r) for r in failed)
         lengths = sorted({r["eval_length"] for r in rows if isinstance(r.get("eval_length"), int)})
         if isinstance(train_length, int):
-            _training_length(axes, train_length)
+            mark_training_length(axes, train_length)
             lengths = sorted({*lengths, train_length})
-        _baselines(axes, rows)
+        draw_baselines(axes, rows)
         axes.set_xscale("log", base=2)
         axes.set_xticks(lengths, [str(n) for n in lengths])
         axes.xaxis.set_minor_locator(NullLocator())
@@ -228,9 +230,9 @@ def extrapolation_figure(run: RunData) -> Figure | None:
             axes.set_xlim(lengths[0] / 1.4, lengths[-1] * 1.4)
         axes.set_xlabel("evaluation length (bytes of context)")
         axes.set_ylabel("bits per byte (mean, 95% interval over seeds)")
-        axes.set_title(_title(task, rows, train_length), fontsize=10)
+        axes.set_title(panel_title(task, rows, train_length), fontsize=10)
         axes.grid(True, alpha=0.3)
-        note = _corpus_note(task, rows)
+        note = corpus_note(task, rows)
         if note:
             notes.insert(0, note)
     if len(figure.axes) == 1:  # one panel: the legend inside, where the lines leave room
@@ -254,8 +256,8 @@ def language_cost_figure(run: RunData) -> Figure | None:
     for (task, train_length), rows in language_panels(run).items():
         for row in (r for r in rows if r.get("eval_length") == train_length):
             seconds = _seconds(row)
-            if not _scored(row):
-                notes.append(_failure_note(row))
+            if not scored_row(row):
+                notes.append(language_failure_note(row))
             elif seconds is None:
                 notes.append(f"{setup_name(row)} on {task}: no training time recorded")
             else:
@@ -269,7 +271,7 @@ def language_cost_figure(run: RunData) -> Figure | None:
     for axes, ((task, train_length), points) in zip(figure.axes, panels.items(), strict=True):
         rows = [row for row, _ in points]
         shared = shared_settings(rows)
-        setups = _setups(run, rows)
+        setups = language_setups(run, rows)
         seconds_of = {name: _seconds(each[0]) or 0.0 for name, each in setups.items()}
         for setup, (row, *_) in setups.items():
             series = run.series[row["label"]]
@@ -301,7 +303,7 @@ def language_cost_figure(run: RunData) -> Figure | None:
         axes.margins(x=0.15)  # room for the labels of the outermost points
         axes.set_xlabel("training time per seed (s)")
         axes.set_ylabel("bits per byte at the training length (mean, 95% interval)")
-        axes.set_title(_title(task, rows, train_length), fontsize=10)
+        axes.set_title(panel_title(task, rows, train_length), fontsize=10)
         axes.grid(True, alpha=0.3)
         hollow = hollow or any(own_settings(row, shared) for row in rows)
     if hollow:  # each point is labelled with its setup: the legend says only what hollow is

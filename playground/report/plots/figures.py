@@ -16,6 +16,7 @@ from playground.report.plots.bits_per_byte import extrapolation_figure, language
 from playground.report.plots.data import PlotError, RunData, load_run
 from playground.report.plots.fidelity import fidelity_figures
 from playground.report.plots.patterns import attention_pattern_figure, relative_bias_figure
+from playground.report.plots.position_loss import position_loss_figure
 from playground.report.plots.recall_state import recall_state_figure
 from playground.report.plots.scaling import METRICS, scaling_figure
 from playground.report.plots.style import FORMATS, assign_colours, save
@@ -42,6 +43,7 @@ def draw_figures(run: RunData, registry: Registry | None = None) -> dict[str, Fi
     if run.language:
         made["lm_extrapolation"] = _drawn("lm_extrapolation", lambda: extrapolation_figure(run))
         made["lm_cost"] = _drawn("lm_cost", lambda: language_cost_figure(run))
+        made["lm_by_position"] = _drawn("lm_by_position", lambda: position_loss_figure(run))
     made["sweeps"] = _drawn("sweeps", lambda: sweep_figure(run))
     made["scorecard"] = _drawn("scorecard", lambda: scorecard_figure(run))
     made["attention_patterns"] = _drawn(
