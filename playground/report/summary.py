@@ -26,6 +26,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 import tomllib
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -355,10 +356,15 @@ ACCURACY_COLUMNS = (
 )
 
 
+def natural_key(text: str) -> list[Any]:
+    """`text` ordered as a reader counts: "at n=64" before "at n=128"."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+
+
 def accuracy_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The accuracy rows, reduced to ACCURACY_COLUMNS, task by task."""
     selected = [row for row in rows if is_accuracy_row(row)]
-    selected.sort(key=lambda row: row["task_label"])
+    selected.sort(key=lambda row: natural_key(str(row["task_label"])))
     return [{column: row.get(column) for column in ACCURACY_COLUMNS} for row in selected]
 
 

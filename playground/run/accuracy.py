@@ -25,10 +25,10 @@ from typing import Any
 import torch
 from rich.progress import Progress
 
-from playground.errors import ConfigError
+from playground.errors import ConfigError, failure_fields
 from playground.hook_calls import learned_summaries
 from playground.model.training import TrainConfig, evaluate, majority_rate, train
-from playground.model.transformer import describe
+from playground.model.transformer import TransformerClassifier, describe
 from playground.registry import Registry
 from playground.run.jobs import AccuracyJob, Prepared, prepare
 from playground.run.language_scores import (
@@ -37,7 +37,12 @@ from playground.run.language_scores import (
     language_fields,
     score_language,
 )
-from playground.run.model_settings import build_model, sweep_label, training_label
+from playground.run.model_settings import (
+    build_model,
+    refuse_beyond_limit,
+    sweep_label,
+    training_label,
+)
 from playground.run.state_size import StateSize, scored_state_sizes, state_fields
 from playground.run.stats import interval_half_width, proportion_interval
 from playground.tasks import IGNORE, LanguageTask, Task
@@ -126,6 +131,39 @@ class SeedResult:
     byte at its training length): what a sweep chooses its grid point by."""
     state_sizes: tuple[StateSize | None, ...] = ()
     """The decoding state at each scored task's length (`scored_state_sizes`)."""
+    lengths: tuple[LengthAccuracy, ...] = ()
+    """The model scored on its task at each further evaluation length (`score_lengths`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LengthAccuracy:
+    """One seed's model scored, unchanged, on its task at another length."""
+
+    length: int
+    accuracy: float | None = None
+    majority: float | None = None
+    scored: int = 0
+    failure: dict[str, str] | None = None
+    """`failure_fields` of why it was not scored (None when it was)."""
+
+
+def score_lengths(
+    model: TransformerClassifier, task: Task, lengths: Sequence[int], seed: int, device: str
+) -> tuple[LengthAccuracy, ...]:
+    """Accuracy of the trained `model` on `task.at_length(n)`'s test split of `seed` at
+    each length n (MQAR: proportionally more pairs). A length past the variant's declared
+    limit is `unsupported`, any other failure that length's `error`: the rest stand."""
+    found = []
+    for length in lengths:
+        try:
+            refuse_beyond_limit(model, length)
+            data = task.at_length(length).test_split(seed)
+            accuracy = evaluate(model, data, device=device)
+            scored = int((data.labels != IGNORE).sum())
+            found.append(LengthAccuracy(length, accuracy, majority_rate(data), scored))
+        except Exception as error:  # one length's failure is its row's, not the model's
+            found.append(LengthAccuracy(length, failure=failure_fields(error)))
+    return tuple(found)
 
 
 def train_seed(
@@ -185,6 +223,9 @@ def train_seed(
         )
     return dataclasses.replace(
         trained,
+        lengths=score_lengths(
+            model, task, evaluation_lengths(task.seq_len, job.eval_lengths)[1:], seed, job.device
+        ),
         validation=evaluate(model, task.validation_split(seed), device=job.device),
         accuracy=evaluate(model, test_data, device=job.device),
         majority=majority_rate(test_data),
@@ -266,6 +307,30 @@ def row_fields(
             "batch_size": training.batch_size,
         }
 
+    def at_length(length: int, scores: Sequence[LengthAccuracy]) -> dict[str, Any]:
+        """The fields of the row at another length: the scaled task's scores under the
+        trained one's label, " at n=<length>" added (a task of its own in the tables)."""
+        trained = identity(task)
+        suffix = f" at n={length}"
+        where = {
+            "eval_length": length,
+            "task_label": trained["task_label"] + suffix,
+            **({"sweep": trained["sweep"] + suffix} if "sweep" in trained else {}),
+        }
+        failed = [(seed, s.failure) for seed, s in zip(seeds, scores, strict=True) if s.failure]
+        if failed:
+            seed, failure = failed[0]
+            return {**where, **failure, "error": f"seed {seed}: {failure['error']}"}
+        counts = {score.scored for score in scores}
+        pairs = [(score.accuracy, score.majority) for score in scores]
+        fields = scored(
+            task.at_length(length),
+            prepared.training,
+            typing.cast(list[tuple[float, float]], pairs),
+            counts.pop() if len(counts) == 1 else None,
+        )
+        return {**fields, **where, "status": "ok", "error": None}
+
     accuracies: list[tuple[float, float]] = []
     for result in results:
         assert result.accuracy is not None and result.majority is not None, "an accuracy seed"
@@ -279,6 +344,14 @@ def row_fields(
     )
     fields.update(common)
     fields.update(state_fields([result.state_sizes for result in results], -1))
+    if prepared.job.eval_lengths:  # one row per further length, as a language task's
+        fields.update(train_length=task.seq_len, eval_length=task.seq_len)
+        fields["evaluations"] = [
+            at_length(each, [result.lengths[index] for result in results])
+            for index, each in enumerate(
+                evaluation_lengths(task.seq_len, prepared.job.eval_lengths)[1:]
+            )
+        ]
     if curriculum:
         phases = (*prepared.stages, (prepared.task, prepared.training))
         fields["curriculum"] = [

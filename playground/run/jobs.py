@@ -13,12 +13,12 @@ from typing import Any
 import torch
 
 from playground.config import build_config
-from playground.errors import ConfigError, UnsupportedFeature
+from playground.errors import UnsupportedFeature
 from playground.model.training import TrainConfig
 from playground.model.transformer import ArchitectureName, ModelConfig, PositionalEncodingName
 from playground.registry import Registry
 from playground.run.curriculum import Stage, curriculum_tasks
-from playground.tasks import LanguageTask, Task
+from playground.tasks import Task
 
 
 def check_task_support(
@@ -68,7 +68,8 @@ class AccuracyJob:
     architecture: ArchitectureName = "playground"
     """The network (ModelConfig.architecture)."""
     eval_lengths: tuple[int, ...] = ()
-    """A language task's evaluation lengths beside its training length."""
+    """Lengths to score the trained model at beside its training length: a language
+    task's held-out text in longer windows, another task at that length (Task.at_length)."""
     keep_weights: bool = False
     """Return each seed's trained weights (SeedResult.weights) for the run to keep."""
 
@@ -94,14 +95,8 @@ def prepare(registry: Registry, job: AccuracyJob) -> Prepared:
     )
     for each in (*stage_tasks, task):
         check_task_support(registry, job.variant, job.variant_options, each)
-    if job.eval_lengths and not isinstance(task, LanguageTask):
-        raise ConfigError(
-            f"eval_lengths applies to language-modelling tasks; task {task.name!r} is scored "
-            "at its own length only"
-        )
-    if isinstance(task, LanguageTask):
-        for length in job.eval_lengths:
-            task.check_eval_length(length)
+    for length in job.eval_lengths:
+        task.check_eval_length(length)
     model = ModelConfig(
         vocab_size=task.vocab_size,
         num_classes=task.num_classes,

@@ -21,10 +21,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from playground.errors import ConfigError, UnsupportedFeature, failure_fields
+from playground.errors import ConfigError, failure_fields
 from playground.model.sampling import continue_bytes
 from playground.model.training import bits_by_position, bits_per_byte
 from playground.model.transformer import TransformerClassifier
+from playground.run.model_settings import refuse_beyond_limit
 from playground.run.stats import interval_half_width
 from playground.tasks import LanguageTask
 
@@ -44,7 +45,10 @@ LENGTH_FIELDS = (
     "unigram_bits_per_byte",
     "bigram_bits_per_byte",
 )
-"""What a language cell's row at one evaluation length has of its own (with bits_per_byte_*)."""
+"""What a cell's row at one evaluation length has of its own, beside PER_LENGTH_PREFIXES."""
+PER_LENGTH_PREFIXES = ("bits_per_byte", "accuracy_", "majority_", "state_", "evaluations")
+"""The fields of the training length's row that another length's row never inherits: its
+scores (bits per byte, or an accuracy task's), and the decoding state at that length."""
 
 
 def length_row(row: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
@@ -53,7 +57,7 @@ def length_row(row: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     shared = {
         key: value
         for key, value in row.items()
-        if key not in LENGTH_FIELDS and key != "evaluations" and not key.startswith("bits_per_byte")
+        if key not in LENGTH_FIELDS and not key.startswith(PER_LENGTH_PREFIXES)
     }
     return {**shared, **fields, "cell": eval_cell_id(row["cell"], fields["eval_length"])}
 
@@ -114,16 +118,8 @@ def score_length(
     model: TransformerClassifier, task: LanguageTask, length: int, device: str
 ) -> LengthScore:
     """Bits per byte of `model` on the held-out set in windows of `length`."""
-    attention = model.attentions[0]
-    caps = attention.capabilities_for(attention.config)
-    limit = caps.max_seq_len
     try:
-        if limit is not None and length > limit:
-            raise UnsupportedFeature(
-                model.config.variant,
-                f"sequences of {length} tokens (its limit is {limit})",
-                caps.max_seq_len_hint,
-            )
+        refuse_beyond_limit(model, length)
         data = task.held_out(length)
         totals, counts = bits_by_position(model, data, device=device)
         bucket = task.position_bucket

@@ -6,6 +6,7 @@ from __future__ import annotations
 import typing
 from typing import Any
 
+from playground.errors import UnsupportedFeature
 from playground.hf.language_model import LlamaLanguageModel
 from playground.model.transformer import ModelConfig, PositionalEncodingName, TransformerClassifier
 from playground.registry import Registry
@@ -89,3 +90,16 @@ def build_model(config: ModelConfig, registry: Registry) -> TransformerClassifie
         llama = LlamaLanguageModel(config, registry.get(config.variant))
         return typing.cast(TransformerClassifier, llama)
     return TransformerClassifier(config, registry)
+
+
+def refuse_beyond_limit(model: TransformerClassifier, length: int) -> None:
+    """UnsupportedFeature when `length` is past the `max_seq_len` the model's attention
+    declares: scoring a trained model there would be outside its contract."""
+    attention = model.attentions[0]
+    caps = attention.capabilities_for(attention.config)
+    if caps.max_seq_len is not None and length > caps.max_seq_len:
+        raise UnsupportedFeature(
+            model.config.variant,
+            f"sequences of {length} tokens (its limit is {caps.max_seq_len})",
+            caps.max_seq_len_hint,
+        )

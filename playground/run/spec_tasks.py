@@ -218,17 +218,17 @@ def task_run(
             "lengths, and a curriculum's stages would not be; train it without one"
         )
     if task is not None and "eval_lengths" in settings:
-        if not isinstance(task, LanguageTask):
+        if curriculum:
             problems.add(
-                f"{where}.eval_lengths: task {task.name!r} is scored at its own length only; "
-                "evaluation lengths are for language-modelling tasks (e.g. lm)"
+                f"{where}.eval_lengths: a curriculum's model is scored on each stage's task; "
+                "evaluate at other lengths without one"
             )
-        else:
-            for length in settings["eval_lengths"]:
-                try:
-                    task.check_eval_length(length)
-                except PlaygroundError as error:
-                    problems.add(f"{where}.eval_lengths: {error}")
+        for length in settings["eval_lengths"]:
+            try:
+                task.check_eval_length(length)
+            except PlaygroundError as error:
+                problems.add(f"{where}.eval_lengths: {error}")
+                break
     if task is None or len(problems.messages) > found:
         return None
     grid = dict(grid or {})

@@ -158,7 +158,7 @@ class Task:
         example's is dropped, whatever its labels (so train may be slightly smaller)."""
         num_train = self.num_train if num_train is None else num_train
         num_test = self.num_test if num_test is None else num_test
-        test = self.generate(num_test, seed=2 * seed + 1)
+        test = self.test_split(seed, num_test)
         train = self.generate_training(num_train, seed=2 * seed)
         held_out = (test, self.validation_split(seed, num_test))
         seen = {digest for data in held_out for digest in example_fingerprints(data, labels=False)}
@@ -173,6 +173,25 @@ class Task:
                 "held-out sets this large: lengthen it, widen its vocabulary, or hold out fewer"
             )
         return train.select(keep), test
+
+    def test_split(self, seed: int, num_examples: int | None = None) -> TaskData:
+        """The test set of `seed` (num_test examples unless told): stream 2·seed + 1."""
+        return self.generate(self.num_test if num_examples is None else num_examples, 2 * seed + 1)
+
+    def at_length(self, length: int) -> Task:
+        """This task at sequence length `length`, scaled as the task defines it (MQAR: more
+        key-value pairs in proportion), for scoring a model trained at `seq_len` on longer
+        inputs (a spec's `eval_lengths`). ConfigError when the task has no such form."""
+        raise ConfigError(
+            f"task {self.name!r} is scored at its own length only: it does not say how it "
+            f"scales to another length (Task.at_length); leave eval_lengths out for it"
+        )
+
+    def check_eval_length(self, length: int) -> None:
+        """ConfigError when a model of this task cannot be scored at `length`."""
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise ConfigError(f"an evaluation length must be a positive integer; got {length!r}")
+        self.at_length(length)
 
     def validation_split(self, seed: int, num_examples: int | None = None) -> TaskData:
         """The validation set of `seed` (num_test examples unless told): a stream of its own

@@ -8,12 +8,14 @@ the number of pairs: (64, 4), (128, 8), (256, 16).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
+from playground.errors import ConfigError
 from playground.hookspecs import hookimpl
 from playground.tasks import IGNORE, Task, TaskData, TaskOptions
 
@@ -113,6 +115,19 @@ class MQAR(Task):
     @property
     def chance(self) -> float:
         return 1.0 / (self.options.vocab_size - self.options.vocab_size // 2)  # one value
+
+    def at_length(self, length: int) -> MQAR:
+        """MQAR at `length` with the pairs scaled in proportion (64 with 4 pairs -> 256 with
+        16), as Zoology's sizes pair them; the vocabulary stays the trained model's."""
+        options = self.options
+        pairs = max(1, round(options.num_pairs * length / options.seq_len))
+        try:
+            return MQAR(**{**dataclasses.asdict(options), "seq_len": length, "num_pairs": pairs})
+        except ValueError as error:
+            raise ConfigError(
+                f"mqar at length {length} needs {pairs} key-value pairs ({options.num_pairs} per "
+                f"{options.seq_len} tokens): {error}"
+            ) from None
 
     def generate(self, num_examples: int, seed: int) -> TaskData:
         options = self.options

@@ -512,9 +512,16 @@ def test_the_spec_keys_are_read(registry, tmp_path, corpus):
     assert load(registry, tmp_path, spec_text(corpus)).save_weights is False
 
 
-def test_eval_lengths_on_a_task_scored_by_accuracy_is_refused(registry, tmp_path):
-    text = 'name = "x"\nmeasures = ["accuracy"]\n[[tasks]]\nname = "mqar"\neval_lengths = [256]\n'
-    with pytest.raises(SpecError, match=r"tasks\[0\]\.eval_lengths: task 'mqar'"):
+def test_eval_lengths_on_a_task_that_does_not_scale_is_refused(registry, tmp_path):
+    text = 'name = "x"\nmeasures = ["accuracy"]\n[[tasks]]\nname = "listops"\neval_lengths = [256]\n'
+    with pytest.raises(SpecError, match=r"tasks\[0\]\.eval_lengths: task 'listops' is scored at"):
+        load(registry, tmp_path, text)
+
+
+def test_eval_lengths_past_what_mqar_can_scale_to_name_the_pairs(registry, tmp_path):
+    """MQAR at 8 × 64 needs 32 pairs; the default vocabulary of 64 holds 31 keys."""
+    text = 'name = "x"\nmeasures = ["accuracy"]\n[[tasks]]\nname = "mqar"\neval_lengths = [512]\n'
+    with pytest.raises(SpecError, match=r"needs 32 key-value pairs .*raise vocab_size"):
         load(registry, tmp_path, text)
 
 
