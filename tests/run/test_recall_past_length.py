@@ -126,3 +126,17 @@ def test_a_row_per_length_with_the_scaled_task_and_unsupported_past_a_limit(regi
     assert f"sequences of {4 * L} tokens (its limit is {LIMIT})" in capped[4 * L]["error"]
     assert "accuracy_mean" not in capped[4 * L]  # not inherited from the trained length
     assert resume_runner(registry, store).pending() == []
+
+
+def test_mad_recall_scales_its_pairs_and_names_its_odd_lengths():
+    from playground.errors import ConfigError
+    from playground.tasks.mad.recall import InContextRecall, NoisyInContextRecall
+
+    for kind in (InContextRecall, NoisyInContextRecall):
+        task = kind()  # sequences of 128 tokens, the model sees 127
+        longer = task.at_length(2 * task.seq_len + 1)
+        assert type(longer) is kind and longer.seq_len == 255
+        assert longer.test_split(0).tokens.shape[1] == 255
+        assert longer.chance == task.chance and longer.vocab_size == task.vocab_size
+        with pytest.raises(ConfigError, match="score at 255 or 257"):
+            task.at_length(256)

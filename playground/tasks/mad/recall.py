@@ -32,11 +32,13 @@ Deviations from mad-lab, each documented where it is made:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from playground.config import require_range
+from playground.errors import ConfigError
 from playground.tasks import IGNORE, TaskData
 from playground.tasks.mad.common import SHIFT, MADTask, RecallOptions, next_token_labels
 
@@ -99,6 +101,16 @@ class InContextRecall(MADTask):
     def chance(self) -> float:
         non_noise = self.options.vocab_size - self.options.noise_vocab_size
         return 1.0 / (non_noise - non_noise // 2)  # a scored label is one of the values
+
+    def at_length(self, length: int) -> InContextRecall:
+        """The task with sequences of `length` + 1 tokens: pairs fill the sequence, so a
+        longer one has proportionally more of them (of the same keys and values)."""
+        if length % 2 == 0:
+            raise ConfigError(
+                f"{self.name} sequences hold whole key-value pairs and drop their last token, so "
+                f"its lengths are odd ({self.seq_len} here); score at {length - 1} or {length + 1}"
+            )
+        return type(self)(**{**dataclasses.asdict(self.options), "seq_len": length + 1})
 
     def generate(self, num_examples: int, seed: int) -> TaskData:
         options, n = self.options, num_examples
