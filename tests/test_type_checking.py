@@ -36,14 +36,14 @@ STRICT_FLAGS = {
     "disallow_incomplete_defs": True,
     "check_untyped_defs": True,
     "disallow_untyped_decorators": True,
+    "warn_return_any": True,
     "warn_redundant_casts": True,
     "warn_unused_ignores": True,
     "implicit_reexport": False,  # --no-implicit-reexport
     "strict_equality": True,
     "extra_checks": True,
 }
-"""`mypy --strict`'s flags but warn_return_any, which pyproject.toml leaves off and says
-why (torch types every nn.Module call as returning Any)."""
+"""`mypy --strict`'s per-module flags, every one."""
 
 
 @pytest.fixture
