@@ -174,7 +174,10 @@ class AttentionVariant(nn.Module):
             return self.forward_reference(
                 query, key, value, attention_mask, is_causal, need_weights, **extra
             )
-        return path(query, key, value, attention_mask, is_causal, need_weights, **extra)
+        output: AttentionOutput = path(
+            query, key, value, attention_mask, is_causal, need_weights, **extra
+        )
+        return output
 
     def check_call(
         self,
@@ -301,7 +304,8 @@ class AttentionVariant(nn.Module):
             )
         state.append(token, real_tokens(token, None))
         inputs, real = state.sequence()
-        return self(inputs, attention_mask=real, is_causal=True).output[:, -1:]
+        recomputed: AttentionOutput = self(inputs, attention_mask=real, is_causal=True)
+        return recomputed.output[:, -1:]
 
     # --- attention on heads projected elsewhere (playground.hf's kernel-level bridge) -----
     def attend_heads(

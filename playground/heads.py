@@ -28,7 +28,9 @@ def add_projections(module: nn.Module, d_model: int, bias: bool = True) -> None:
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     """(B, N, H·d) -> (B, H, N, d), a view. Plain torch rather than einops: a decoding
     step splits a few one-token tensors, where einops' per-call overhead shows."""
-    return x.unflatten(-1, (num_heads, -1)).transpose(1, 2)
+    # Typed here: torch leaves Tensor.unflatten unannotated.
+    heads: torch.Tensor = x.unflatten(-1, (num_heads, -1))  # (B, N, H, d)
+    return heads.transpose(1, 2)
 
 
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
@@ -62,9 +64,10 @@ def project_output(
     """
     merged = merge_heads(context) if context.dim() == 4 else context  # (B, Nq, d_model)
     out_proj = cast(nn.Module, module.out_proj)  # typed `Tensor | Module` by torch
-    if empty is None:
-        return out_proj(merged)
-    return out_proj(merged.masked_fill(empty, 0.0)).masked_fill(empty, 0.0)
+    if empty is not None:
+        merged = merged.masked_fill(empty, 0.0)
+    output: torch.Tensor = out_proj(merged)  # (B, Nq, d_model)
+    return output if empty is None else output.masked_fill(empty, 0.0)
 
 
 def prefill_key_value_cache(

@@ -14,13 +14,6 @@ from mypy.options import Options
 
 ROOT = Path(__file__).resolve().parents[1]
 
-BODIES_UNCHECKED = {
-    "playground.mods.tracing",
-    "playground.mods.kernel",
-    "playground.kernels.blocked",
-}
-"""Issue 44 part 1 moves these; the lead types them (pyproject.toml says the same)."""
-
 CORE = (
     "playground.config",
     "playground.contract",
@@ -43,14 +36,14 @@ STRICT_FLAGS = {
     "disallow_incomplete_defs": True,
     "check_untyped_defs": True,
     "disallow_untyped_decorators": True,
+    "warn_return_any": True,
     "warn_redundant_casts": True,
     "warn_unused_ignores": True,
     "implicit_reexport": False,  # --no-implicit-reexport
     "strict_equality": True,
     "extra_checks": True,
 }
-"""`mypy --strict`'s flags but warn_return_any, which pyproject.toml leaves off and says
-why (torch types every nn.Module call as returning Any)."""
+"""`mypy --strict`'s per-module flags, every one."""
 
 
 @pytest.fixture
@@ -79,13 +72,13 @@ def test_mypy_checks_every_module_and_every_plugin(options):
     assert not missing, f"outside mypy's [tool.mypy] files: {sorted(missing)}"
 
 
-def test_function_bodies_are_checked_everywhere_but_the_modules_in_flux(options):
+def test_function_bodies_are_checked_everywhere(options):
     unchecked = {
         module
         for module in checked_modules(options)
         if not options.clone_for_module(module).check_untyped_defs
     }
-    assert unchecked == BODIES_UNCHECKED
+    assert unchecked == set()
 
 
 @pytest.mark.parametrize("module", CORE)

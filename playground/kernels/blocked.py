@@ -5,7 +5,8 @@ which shares `native_blocks` and `check_blocks`."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -32,10 +33,19 @@ class _FlashBlocks(torch.autograd.Function):
     of all the keys. Under create_graph=True, torch's own operations instead
     (`differentiable_gradients`)."""
 
+    # ctx: torch's FunctionCtx, carrying this Function's own attributes (blocks, scale).
     @staticmethod
-    def forward(ctx, q, k, v, blocks, masks, scale):
-        if q.dtype == torch.float32 and native.load() is not None:
-            out, log_sum_exp = native.load().blocked_forward(
+    def forward(
+        ctx: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        blocks: tuple[Block, ...],
+        masks: Sequence[torch.Tensor | None],
+        scale: float,
+    ) -> torch.Tensor:
+        if q.dtype == torch.float32 and (kernels := native.load()) is not None:
+            out, log_sum_exp = kernels.blocked_forward(
                 *(rows_unit_stride(t) for t in (q, k, v)),
                 native_blocks(blocks),
                 _native_masks(masks, q),
@@ -63,12 +73,13 @@ class _FlashBlocks(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, out, log_sum_exp, *masks = ctx.saved_tensors
-        blocks, scale = ctx.blocks, ctx.scale
+        blocks: tuple[Block, ...] = ctx.blocks
+        scale: float = ctx.scale
         if torch.is_grad_enabled():  # create_graph=True
 
-            def recompute():
+            def recompute() -> torch.Tensor:
                 context = torch.zeros_like(q)
                 for (start, stop, key_start, key_stop), mask in zip(blocks, masks, strict=True):
                     if key_stop > key_start and stop > start:
@@ -83,8 +94,8 @@ class _FlashBlocks(torch.autograd.Function):
         # cache), the gradients are written row by row.
         grad_k = torch.zeros(k.shape, dtype=k.dtype)
         grad_v = torch.zeros(v.shape, dtype=v.dtype)
-        if q.dtype == torch.float32 and native.load() is not None:
-            grad_q = native.load().blocked_backward(
+        if q.dtype == torch.float32 and (kernels := native.load()) is not None:
+            grad_q = kernels.blocked_backward(
                 *(rows_unit_stride(t) for t in (q, k, v, out)),
                 log_sum_exp,
                 rows_unit_stride(grad_out),
@@ -118,6 +129,20 @@ class _FlashBlocks(torch.autograd.Function):
         return grad_q, grad_k, grad_v, None, None, None
 
 
+# torch leaves Function.apply unannotated; its signature is the forward's, less ctx.
+_flash_blocks: Callable[
+    [
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        tuple[Block, ...],
+        Sequence[torch.Tensor | None],
+        float,
+    ],
+    torch.Tensor,
+] = _FlashBlocks.apply
+
+
 def _block_mask(mask: torch.Tensor, dtype: torch.dtype, rows: int, span: int) -> torch.Tensor:
     """A block's mask as the kernels read it: additive in `dtype` (bool: 0 / −inf), 4-D
     (1 or B, 1 or H, rows, span) with unit-stride rows (broadcast rows may be stride 0)."""
@@ -140,7 +165,7 @@ def native_blocks(blocks: Sequence[Block]) -> torch.Tensor:
     return torch.tensor(blocks, dtype=torch.long).view(-1, 4)
 
 
-def _native_masks(masks: Sequence[torch.Tensor | None], like: torch.Tensor) -> list:
+def _native_masks(masks: Sequence[torch.Tensor | None], like: torch.Tensor) -> list[torch.Tensor]:
     """Masks as `playground.kernels.native` takes them: an empty tensor for none."""
     return [like.new_empty(0) if mask is None else mask for mask in masks]
 
@@ -222,7 +247,7 @@ def blocked_attention(
     if q.device.type == "cpu" and not transforms_active():
         # The flash kernel reads rows as unit-stride whatever their strides.
         q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-        return _FlashBlocks.apply(q, k, v, tuple(blocks), masks, scale)
+        return _flash_blocks(q, k, v, tuple(blocks), masks, scale)
     context = q.new_zeros(q.shape)
     for (start, stop, key_start, key_stop), mask in zip(blocks, masks, strict=True):
         if key_stop > key_start and stop > start:

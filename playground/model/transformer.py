@@ -39,7 +39,7 @@ from typing import Any, Literal, cast
 import torch
 from torch import nn
 
-from playground.contract import AttentionVariant
+from playground.contract import AttentionOutput, AttentionVariant
 from playground.decoding import DecodingState, left_aligned, shifted
 from playground.errors import ConfigError, UnsupportedFeature
 from playground.hook_calls import checked_options_hook, checked_share_with_first_layer
@@ -172,14 +172,16 @@ class EncoderLayer(nn.Module):
         self, x: torch.Tensor, attention_mask: torch.Tensor | None, extra: dict[str, Any]
     ) -> torch.Tensor:
         """x + Attention(LN(x)): the sublayer that mixes positions. (B, L, d_model)."""
-        mixed = self.attention(
+        mixed: AttentionOutput = self.attention(
             self.attention_norm(x), attention_mask=attention_mask, is_causal=self.causal, **extra
         )
-        return x + self.dropout(mixed.output)
+        update: torch.Tensor = self.dropout(mixed.output)
+        return x + update
 
     def feed(self, x: torch.Tensor) -> torch.Tensor:
         """x + FFN(LN(x)): position-wise, so it takes any (..., d_model) selection of rows."""
-        return x + self.dropout(self.feed_forward(self.feed_forward_norm(x)))
+        update: torch.Tensor = self.dropout(self.feed_forward(self.feed_forward_norm(x)))
+        return x + update
 
 
 def share_across_layers(layers: list[AttentionVariant]) -> list[str]:
@@ -296,15 +298,18 @@ class TransformerClassifier(nn.Module):
         if self.config.target == "token":
             if positions is not None:
                 x = x[positions]  # (P, d_model)
-            return self.head(self._read_out(x))  # (B, L, C) | (P, C)
-        if self.config.pooling == "first":
-            return self.head(self._read_out(x[:, 0]))  # (B, C): the only position read out
-        x = self._read_out(x)  # (B, L, d_model)
-        if attention_mask is None:
-            return self.head(x.mean(dim=1))
-        weights = attention_mask.to(x.dtype)[..., None]  # (B, L, 1)
-        pooled = (x * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)  # (B, d_model)
-        return self.head(pooled)
+            features = self._read_out(x)  # (B, L, d_model) | (P, d_model)
+        elif self.config.pooling == "first":
+            features = self._read_out(x[:, 0])  # (B, d_model): the only position read out
+        else:
+            x = self._read_out(x)  # (B, L, d_model)
+            if attention_mask is None:
+                features = x.mean(dim=1)
+            else:
+                weights = attention_mask.to(x.dtype)[..., None]  # (B, L, 1)
+                features = (x * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+        logits: torch.Tensor = self.head(features)  # (B, L, C) | (P, C) | (B, C)
+        return logits
 
     # --- decoding: one token at a time, each layer's attention with its own state -------
     def prefill(
@@ -354,14 +359,16 @@ class TransformerClassifier(nn.Module):
             mixed, _ = layer.attention.decode_step(layer.attention_norm(x), layer_state)
             x = layer.feed(x + layer.dropout(mixed))
         state.length += 1
-        return self.head(self.final_norm(x))
+        logits: torch.Tensor = self.head(self.final_norm(x))  # (B, 1, C)
+        return logits
 
     def _embedded(self, tokens: torch.Tensor, offset: int) -> torch.Tensor:
         """Token embeddings (§3.4) with the positional encoding from `offset` on."""
         x = self.embedding(tokens) * math.sqrt(self.config.d_model)  # (B, L, d_model)
         if self.positional_encoding is not None:
             x = self.positional_encoding(x, offset)
-        return self.embedding_dropout(x)
+        embedded: torch.Tensor = self.embedding_dropout(x)
+        return embedded
 
     def _decoded_from_last(
         self, x: torch.Tensor, attention_mask: torch.Tensor | None, positions: torch.Tensor | None
@@ -382,11 +389,13 @@ class TransformerClassifier(nn.Module):
         else:  # row-major, as x[positions] orders them
             rows, columns = positions.nonzero(as_tuple=True)
             decoded = encoding[rows] + table[columns]  # (P, d_model)
-        return self.head(self.decoder(decoded))
+        logits: torch.Tensor = self.head(self.decoder(decoded))  # (B, L, C) | (P, C)
+        return logits
 
     def _read_out(self, x: torch.Tensor) -> torch.Tensor:
         """The last feed-forward sublayer and the final norm, on the rows (…, d_model)."""
-        return self.final_norm(self._encoder_layers[-1].feed(x))
+        normed: torch.Tensor = self.final_norm(self._encoder_layers[-1].feed(x))
+        return normed
 
 
 @dataclass

@@ -5,7 +5,9 @@ sweeps the program in reverse for the gradients of its learned leaves and tables
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -24,32 +26,50 @@ class _ProgramBlocks(torch.autograd.Function):
     create_graph=True, the program evaluated by torch instead
     (`mods.reference.dense_program_bias`, `differentiable_gradients`)."""
 
+    # ctx: torch's FunctionCtx, carrying this Function's own attributes (blocks, program, ...).
     @staticmethod
-    def forward(ctx, q, k, v, blocks, program, scale, *sources):
-        lib = native.load()
+    def forward(
+        ctx: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        blocks: tuple[Block, ...],
+        program: ModProgram,
+        scale: float,
+        *sources: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        kernels = native.load()
+        assert kernels is not None, "program_attention runs only where the kernels are built"
         blocks_tensor = native_blocks(blocks)
-        out, log_sum_exp = lib.program_forward(q, k, v, blocks_tensor, *program.arguments(), scale)
+        out, log_sum_exp = kernels.program_forward(
+            q, k, v, blocks_tensor, *program.arguments(), scale
+        )
         ctx.save_for_backward(q, k, v, out, log_sum_exp)
-        ctx.blocks, ctx.program, ctx.scale = blocks, program, scale
+        ctx.kernels, ctx.blocks, ctx.program, ctx.scale = kernels, blocks, program, scale
         ctx.sources = sources
         ctx.mark_non_differentiable(log_sum_exp)
         return out, log_sum_exp
 
     @staticmethod
-    def backward(ctx, grad_out, _):
+    def backward(
+        ctx: Any, grad_out: torch.Tensor, _: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, ...]:
         q, k, v, out, log_sum_exp = ctx.saved_tensors
-        program, sources = ctx.program, ctx.sources
+        program: ModProgram = ctx.program
+        sources: tuple[torch.Tensor, ...] = ctx.sources
+        blocks: tuple[Block, ...] = ctx.blocks
+        scale: float = ctx.scale
         if torch.is_grad_enabled():  # create_graph=True
 
             def recompute() -> torch.Tensor:
                 context = torch.zeros_like(q)
-                for start, stop, key_start, key_stop in ctx.blocks:
+                for start, stop, key_start, key_stop in blocks:
                     if key_stop > key_start and stop > start:
                         rows, keys = range(start, stop), range(key_start, key_stop)
                         bias = dense_program_bias(program, q.shape[0], q.shape[1], rows, keys)
                         context[:, :, start:stop] = dense_attention(
                             q[:, :, start:stop], k[:, :, key_start:key_stop],
-                            v[:, :, key_start:key_stop], bias, ctx.scale,
+                            v[:, :, key_start:key_stop], bias, scale,
                         )  # fmt: skip
                 return context
 
@@ -62,16 +82,17 @@ class _ProgramBlocks(torch.autograd.Function):
         by_source = {id(t): next(flags) for t in sources}
         leaf_wanted = torch.tensor([by_source.get(id(t), False) for t in program.leaves])
         table_wanted = torch.tensor([by_source.get(id(t), False) for t in program.table_sources])
-        grad_q, *grads = native.load().program_backward(
+        kernels: ModuleType = ctx.kernels
+        grad_q, *grads = kernels.program_backward(
             q, k, v, out, log_sum_exp, rows_unit_stride(grad_out), grad_k, grad_v,
-            native_blocks(ctx.blocks), *program.arguments(), ctx.scale,
+            native_blocks(blocks), *program.arguments(), scale,
             program.differentiable, leaf_wanted.long(), table_wanted.long(),
         )  # fmt: skip
         leaf_grads = dict(zip(map(id, program.leaves), grads[: len(program.leaves)], strict=True))
         table_grads = dict(
             zip(map(id, program.table_sources), grads[len(program.leaves) :], strict=True)
         )
-        source_grads = []
+        source_grads: list[torch.Tensor | None] = []
         for source, want in zip(sources, wanted, strict=True):
             if not want:
                 source_grads.append(None)
@@ -80,6 +101,11 @@ class _ProgramBlocks(torch.autograd.Function):
             else:
                 source_grads.append(table_grads[id(source)].view(source.shape).to(source.dtype))
         return (grad_q, grad_k, grad_v, None, None, None, *source_grads)
+
+
+# torch leaves Function.apply unannotated; its signature is the forward's, less ctx: q, k,
+# v, blocks, program, scale, then the sources (the program's tensors that need gradients).
+_program_blocks: Callable[..., tuple[torch.Tensor, torch.Tensor]] = _ProgramBlocks.apply
 
 
 def program_attention(
@@ -102,4 +128,4 @@ def program_attention(
     check_blocks(blocks, q.shape[2], k.shape[2])
     q, k, v = (rows_unit_stride(t) for t in (q, k, v))
     sources = program.gradient_inputs() if torch.is_grad_enabled() else []
-    return _ProgramBlocks.apply(q, k, v, tuple(blocks), program, scale, *sources)
+    return _program_blocks(q, k, v, tuple(blocks), program, scale, *sources)

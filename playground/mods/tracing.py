@@ -42,7 +42,9 @@ _SYMBOLS = {
 }  # fmt: skip
 
 
-def positional(target: Any, args: tuple, kwargs: Mapping[str, Any]) -> tuple[tuple, dict]:
+def positional(
+    target: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """An operation's operands in torch's positional order, however the mod passed them:
     `torch.add(score, other=bias)` and `score.add(other=bias)` are add(score, bias), and
     `x.where(condition, y)` is where(condition, x, y). The keywords left (`alpha=`, `min=`,
@@ -59,7 +61,7 @@ def positional(target: Any, args: tuple, kwargs: Mapping[str, Any]) -> tuple[tup
     return tuple(ordered), rest
 
 
-def cast_dtype(target: Any, args: tuple, kwargs: Mapping[str, Any]) -> torch.dtype | None:
+def cast_dtype(target: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.dtype | None:
     """The dtype a cast (`x.float()`, `x.to(torch.int64)`, `x.type_as(y)`) converts to;
     None when the call does not say (`x.to(other)`, a device alone)."""
     if target in CAST_METHODS:
@@ -90,7 +92,14 @@ class _Traced(torch.nn.Module):
         self.owner = owner
         self.score_mod = score_mod
 
-    def forward(self, score, b, h, q_idx, kv_idx):
+    def forward(
+        self,
+        score: torch.Tensor,
+        b: torch.Tensor,
+        h: torch.Tensor,
+        q_idx: torch.Tensor,
+        kv_idx: torch.Tensor,
+    ) -> torch.Tensor:
         return self.score_mod(score, b, h, q_idx, kv_idx)
 
 
@@ -124,7 +133,14 @@ class _TracedPair(torch.nn.Module):
         self.owner = owner
         self.score_mod, self.mask_mod = score_mod, mask_mod
 
-    def forward(self, score, b, h, q_idx, kv_idx):
+    def forward(
+        self,
+        score: torch.Tensor,
+        b: torch.Tensor,
+        h: torch.Tensor,
+        q_idx: torch.Tensor,
+        kv_idx: torch.Tensor,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         bias = None if self.score_mod is None else self.score_mod(score, b, h, q_idx, kv_idx)
         allowed = None if self.mask_mod is None else self.mask_mod(b, h, q_idx, kv_idx)
         return bias, allowed
@@ -148,16 +164,27 @@ def _arity(mod: Callable[..., torch.Tensor]) -> int:
         return len(ARGUMENTS)
 
 
-class _TracedMask(_Traced):
-    def forward(self, b, h, q_idx, kv_idx):
-        return self.score_mod(b, h, q_idx, kv_idx)
+class _TracedMask(torch.nn.Module):
+    """A mask_mod as `_Traced` holds a score_mod: its arguments are b, h, q_idx, kv_idx."""
+
+    def __init__(self, mask_mod: Callable[..., torch.Tensor], owner: torch.nn.Module | None):
+        super().__init__()
+        self.owner = owner
+        self.mask_mod = mask_mod
+
+    def forward(
+        self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor
+    ) -> torch.Tensor:
+        return self.mask_mod(b, h, q_idx, kv_idx)
 
 
 def operation_target(node: torch.fx.Node) -> Any:
     return node.target if node.op != "call_method" else str(node.target)
 
 
-def describe(target: Any, args: tuple = (), kwargs: Mapping[str, Any] | None = None) -> str:
+def describe(
+    target: Any, args: tuple[Any, ...] = (), kwargs: Mapping[str, Any] | None = None
+) -> str:
     """An operation as a reason names it: `tanh`, `*`, `a cast to torch.int64`."""
     if target in CASTS:
         dtype = cast_dtype(target, args, kwargs or {})
