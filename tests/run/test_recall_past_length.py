@@ -140,3 +140,16 @@ def test_mad_recall_scales_its_pairs_and_names_its_odd_lengths():
         assert longer.chance == task.chance and longer.vocab_size == task.vocab_size
         with pytest.raises(ConfigError, match="score at 255 or 257"):
             task.at_length(256)
+
+
+def test_a_window_of_one_sees_no_key_and_recalls_at_chance_at_every_length(registry, tmp_path):
+    """A model whose every layer sees only the current token cannot know which value a
+    query's key had: at chance at L and past it, however it trained."""
+    variants = '[[variants]]\nname = "sliding_window"\nwindow = 1\n'
+    store = run_spec(registry, tmp_path, spec(variants))
+    rows = store.rows()
+    assert sorted(row["eval_length"] for row in rows) == [L, 2 * L, 4 * L]
+    for row in rows:
+        assert row["status"] == "ok", row.get("error")
+        assert row["chance"] == pytest.approx(1 / 16)
+        assert row["accuracy_mean"] < 2 * row["chance"], row["eval_length"]
