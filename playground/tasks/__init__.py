@@ -280,3 +280,19 @@ class LanguageTask(Task):
     def position_bucket(self) -> int:
         """Positions per bucket of the loss by position (`bits_per_byte_by_position`)."""
         return 64
+
+    @property
+    def passkey_depths(self) -> tuple[float, ...]:
+        """Depths in [0, 1] of the passkey probe's needle in its filler (0: at its start, 1:
+        just before the query); () when the task has no probe (the default)."""
+        return ()
+
+    def passkey_prompts(self, length: int, depth: float) -> TaskData:
+        """The passkey probe at one context length and depth: prompts of exactly `length`
+        tokens that hide a key at `depth` of their filler and end by asking for it, labelled
+        IGNORE but on the positions that predict the key's bytes (Mohtashami & Jaggi 2023,
+        "Landmark Attention", §4.2). A task with `passkey_depths` writes it."""
+        raise ConfigError(
+            f"task {self.name!r} has no passkey probe: it does not write passkey_prompts, so "
+            f"no key can be hidden in its data; probe a task that does"
+        )

@@ -18,6 +18,15 @@ its n-gram baselines are computed on those same bytes.
 
 Training windows of L + 1 bytes start at random offsets in the training split (the usual
 character-level recipe, nanoGPT's among them), drawn from the seed.
+
+The passkey probe (Mohtashami & Jaggi 2023, "Landmark Attention", §4.2; the depth sweep of
+Kamradt's needle in a haystack and of RULER, Hsieh et al. 2024) asks the trained model for
+a random key hidden in held-out text (`passkey_prompts`; the format in
+playground.tasks.lm.passkey). A tiny model trained for minutes on code cannot follow an
+instruction zero-shot, so the format is in its training data: with `passkey_fraction` f,
+about f of the training windows keep only their first bytes as filler, hide a needle with
+a fresh key at a uniform random depth of it, and end with the query and the key, every
+byte still a next-byte label. The probe's prompts are built from the test split alone.
 """
 
 from __future__ import annotations
@@ -32,7 +41,8 @@ import torch
 
 from playground.errors import ConfigError
 from playground.hookspecs import hookimpl
-from playground.tasks import LanguageTask, Task, TaskData, TaskOptions
+from playground.tasks import IGNORE, LanguageTask, Task, TaskData, TaskOptions
+from playground.tasks.lm import passkey
 from playground.tasks.lm.corpus import STDLIB, Corpus, CorpusError, load_corpus
 
 
@@ -53,9 +63,28 @@ class LanguageModellingOptions(TaskOptions):
     position_bucket: int = 64
     """Positions per bucket of the loss by position (`bits_per_byte_by_position`): each
     evaluation length's rows also give bits per byte over positions [0, 64), [64, 128), …"""
+    passkey_fraction: float = 0.0
+    """Share of the training windows that carry a passkey (the module docstring): a needle
+    at a uniform random depth of the window's filler, and the query and the key at its end.
+    The format in the data is what lets a tiny model answer the probe; 0 trains on the
+    text alone."""
+    passkey_depths: tuple[float, ...] = ()
+    """Depths of the probe's needle in its filler, each in [0, 1] (0: where the filler
+    starts, 1: just before the query); () = no probe."""
+    passkey_trials: int = 32
+    """Prompts of the probe per depth and length (each its own filler and key)."""
+    passkey_digits: int = 5
+    """Decimal digits of a key (chance of guessing one: 10^-digits)."""
 
     def __post_init__(self) -> None:
-        for name in ("seq_len", "eval_bytes", "sample_bytes", "position_bucket"):
+        for name in (
+            "seq_len",
+            "eval_bytes",
+            "sample_bytes",
+            "position_bucket",
+            "passkey_trials",
+            "passkey_digits",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer; got {value!r}")
@@ -70,6 +99,38 @@ class LanguageModellingOptions(TaskOptions):
             )
         if not isinstance(self.prompt, str) or not self.prompt:
             raise ValueError(f"prompt must be a non-empty string; got {self.prompt!r}")
+        self._check_passkey()
+
+    @property
+    def passkey_on(self) -> bool:
+        """Whether the windows carry passkeys or the model is probed for them."""
+        return self.passkey_fraction > 0 or bool(self.passkey_depths)
+
+    def _check_passkey(self) -> None:
+        fraction = self.passkey_fraction
+        if not _is_number(fraction) or not 0.0 <= fraction <= 1.0:
+            raise ValueError(
+                f"passkey_fraction must be a number in [0, 1] (the share of training windows "
+                f"that carry a passkey); got {fraction!r}"
+            )
+        depths = self.passkey_depths
+        if not isinstance(depths, tuple) or not all(
+            _is_number(depth) and 0.0 <= depth <= 1.0 for depth in depths
+        ):
+            raise ValueError(
+                f"passkey_depths must be a list of numbers in [0, 1] (0: the needle where the "
+                f"filler starts, 1: just before the query), e.g. [0.0, 0.5, 1.0]; got {depths!r}"
+            )
+        if len(set(depths)) < len(depths):
+            raise ValueError(f"passkey_depths lists a depth twice: {list(depths)}; give each once")
+        shortest = passkey.minimum_length(self.passkey_digits)
+        if self.passkey_on and self.seq_len < shortest:
+            raise ValueError(
+                f"seq_len {self.seq_len} is too short for a passkey of {self.passkey_digits} "
+                f"digits: a window needs at least {shortest} tokens (the needle, the query, the "
+                f"key and {passkey.MIN_FILLER} bytes of filler); raise seq_len, lower "
+                f"passkey_digits, or set passkey_fraction = 0 and passkey_depths = []"
+            )
 
 
 class ByteLanguageModelling(LanguageTask):
@@ -95,6 +156,26 @@ class ByteLanguageModelling(LanguageTask):
         super().__init__(**options)
         self.corpus: Corpus = load_corpus(self.options.corpus)
         self._check_size()
+        if self.options.passkey_on:
+            self._check_unmarked()
+
+    @functools.cached_property
+    def _marked(self) -> tuple[str, int, int] | None:
+        return passkey.first_marked(self.corpus.streams)
+
+    def _check_unmarked(self) -> None:
+        """CorpusError when the text holds the passkey's MARK or END byte: a query could
+        then be answered, or a needle faked, by the text itself."""
+        found = self._marked
+        if found is not None:
+            split, offset, byte = found
+            raise CorpusError(
+                f"corpus {self.options.corpus!r} holds the byte {byte:#04x} (its {split} split, "
+                f"at byte {offset}), which the passkey format keeps for itself (MARK "
+                f"{passkey.MARK:#04x}, END {passkey.END:#04x}); remove those bytes from the "
+                f"text, or train and probe without passkeys (passkey_fraction = 0, "
+                f"passkey_depths = [])"
+            )
 
     def _check_size(self) -> None:
         sizes = {split: int(stream.numel()) for split, stream in self.corpus.streams.items()}
@@ -138,6 +219,10 @@ class ByteLanguageModelling(LanguageTask):
     def position_bucket(self) -> int:
         return self.options.position_bucket
 
+    @property
+    def passkey_depths(self) -> tuple[float, ...]:
+        return self.options.passkey_depths
+
     def describe_data(self) -> dict[str, Any]:
         return self.corpus.describe()
 
@@ -153,13 +238,56 @@ class ByteLanguageModelling(LanguageTask):
 
     # --- data -------------------------------------------------------------------------
     def generate(self, num_examples: int, seed: int) -> TaskData:
-        """`num_examples` training windows at random offsets in the training split."""
+        """`num_examples` training windows at random offsets in the training split, about
+        `passkey_fraction` of them carrying a passkey (drawn after the offsets, from the
+        same generator, so a fraction of 0 leaves the windows as they were)."""
         stream = self.corpus.streams["train"]
         length = self.options.seq_len
         generator = torch.Generator().manual_seed(seed)
         starts = torch.randint(0, stream.numel() - length, (num_examples,), generator=generator)
         windows = stream.unfold(0, length + 1, 1)[starts].long()  # (N, L + 1)
+        if self.options.passkey_fraction > 0:
+            carriers = torch.rand(num_examples, generator=generator) < self.options.passkey_fraction
+            digits = self.options.passkey_digits
+            filler = length + 1 - passkey.overhead(digits)
+            keys = passkey.draw_keys(generator, int(carriers.sum()), digits)
+            at = torch.randint(0, filler + 1, (len(keys),), generator=generator)
+            windows[carriers] = passkey.hide(windows[carriers, :filler], keys, at)
         return TaskData(windows[:, :-1].contiguous(), windows[:, 1:].contiguous())
+
+    def passkey_prompts(self, length: int, depth: float) -> TaskData:
+        """`passkey_trials` prompts of `length` tokens from the test split: trial t's filler
+        starts at byte t · (S − F) // trials of the test stream (S bytes, F of filler), its
+        needle at byte round(depth · F) of it, with the key of (length, depth, t)
+        (`passkey.key_generator`); labels IGNORE but on the last `passkey_digits` positions,
+        whose labels are the key's digits."""
+        digits = self.options.passkey_digits
+        shortest = passkey.minimum_length(digits)
+        if isinstance(length, bool) or not isinstance(length, int) or length < shortest:
+            raise ConfigError(
+                f"a passkey prompt of {length!r} tokens cannot hold a {digits}-digit key: it "
+                f"needs at least {shortest} (the needle, the query, the key and "
+                f"{passkey.MIN_FILLER} bytes of filler); probe at {shortest} tokens or more"
+            )
+        if not 0.0 <= depth <= 1.0:
+            raise ConfigError(f"a passkey depth must be in [0, 1]; got {depth!r}")
+        self._check_unmarked()
+        test = self.corpus.streams["test"]
+        filler = length + 1 - passkey.overhead(digits)
+        if filler > test.numel():
+            raise ConfigError(
+                f"a passkey prompt of {length} tokens needs {filler} bytes of filler, and the "
+                f"test split holds {test.numel()}; probe at shorter lengths or give more text"
+            )
+        trials = self.options.passkey_trials
+        offsets = torch.arange(trials) * (test.numel() - filler) // trials
+        fillers = test.unfold(0, filler, 1)[offsets].long()  # (trials, F)
+        keys = passkey.draw_keys(passkey.key_generator(length, depth), trials, digits)
+        at = torch.full((trials,), round(depth * filler), dtype=torch.int64)
+        prompts = passkey.hide(fillers, keys, at)  # (trials, length + 1)
+        labels = torch.full((trials, length), IGNORE, dtype=torch.int64)
+        labels[:, -digits:] = keys
+        return TaskData(prompts[:, :-1].contiguous(), labels)
 
     def split(
         self, seed: int, num_train: int | None = None, num_test: int | None = None
@@ -203,6 +331,10 @@ class ByteLanguageModelling(LanguageTask):
             "unigram": float(-unigram[labels].mean()) / math.log(2),
             "bigram": float(-bigram[previous, labels].mean()) / math.log(2),
         }
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _windows(stream: torch.Tensor, length: int, span: int) -> TaskData:
