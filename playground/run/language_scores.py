@@ -26,6 +26,7 @@ from playground.model.sampling import continue_bytes
 from playground.model.training import bits_by_position, bits_per_byte
 from playground.model.transformer import TransformerClassifier
 from playground.run.model_settings import refuse_beyond_limit
+from playground.run.passkey_scores import PasskeyScore, chance_log_likelihood, score_passkey
 from playground.run.stats import interval_half_width
 from playground.tasks import LanguageTask
 
@@ -46,9 +47,17 @@ LENGTH_FIELDS = (
     "bigram_bits_per_byte",
 )
 """What a cell's row at one evaluation length has of its own, beside PER_LENGTH_PREFIXES."""
-PER_LENGTH_PREFIXES = ("bits_per_byte", "accuracy_", "majority_", "state_", "evaluations")
+PER_LENGTH_PREFIXES = (
+    "bits_per_byte",
+    "accuracy_",
+    "majority_",
+    "state_",
+    "passkey_",
+    "evaluations",
+)
 """The fields of the training length's row that another length's row never inherits: its
-scores (bits per byte, or an accuracy task's), and the decoding state at that length."""
+scores (bits per byte and the passkey probe's, or an accuracy task's), and the decoding
+state at that length."""
 
 
 def length_row(row: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
@@ -96,6 +105,8 @@ class LengthScore:
     scored_bytes: int = 0
     failure: dict[str, str] | None = None
     """`failure_fields` of why it was not scored (None when it was)."""
+    passkey: PasskeyScore | None = None
+    """The passkey probe at this length (None: the task has none)."""
     by_position: tuple[float, ...] = ()
     """Bits per byte over each bucket of positions ([0, B), [B, 2B), …; the last one
     may be shorter), B the task's `position_bucket`."""
@@ -131,6 +142,7 @@ def score_length(
             length,
             float(totals.sum()) / float(counts.sum()),
             data.tokens.numel(),
+            passkey=score_passkey(model, task, length, device=device),
             by_position=by_position,
         )
     except Exception as error:  # one length's failure is its row's, not the model's
@@ -187,7 +199,28 @@ def length_fields(
         bits_per_byte_by_position=[statistics.fmean(bucket) for bucket in buckets],
         bits_per_byte_by_position_ci95=[interval_half_width(bucket) for bucket in buckets],
     )
+    probes = [score.passkey for score in scores if score.passkey is not None]
+    if probes:
+        fields.update(passkey_fields(probes))
     return fields
+
+
+def passkey_fields(probes: Sequence[PasskeyScore]) -> dict[str, Any]:
+    """The passkey probe's fields of a row at one length: per depth, exact match and the
+    key's log-likelihood in bits, the mean over seeds, and each seed's exact matches."""
+    first = probes[0]
+    return {
+        "passkey_depths": list(first.depths),
+        "passkey_exact": [
+            statistics.fmean(each) for each in zip(*(p.exact for p in probes), strict=True)
+        ],
+        "passkey_exact_per_seed": [list(probe.exact) for probe in probes],
+        "passkey_log_likelihood": [
+            statistics.fmean(each) for each in zip(*(p.log_likelihood for p in probes), strict=True)
+        ],
+        "passkey_chance_log_likelihood": chance_log_likelihood(first.digits),
+        "passkey_trials": first.trials,
+    }
 
 
 def baseline_fields(task: LanguageTask, length: int) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from playground.report.plots.accuracy import accuracy_figure, cost_accuracy_figu
 from playground.report.plots.bits_per_byte import extrapolation_figure, language_cost_figure
 from playground.report.plots.data import PlotError, RunData, load_run
 from playground.report.plots.fidelity import fidelity_figures
+from playground.report.plots.passkey import passkey_figure
 from playground.report.plots.patterns import attention_pattern_figure, relative_bias_figure
 from playground.report.plots.position_loss import position_loss_figure
 from playground.report.plots.recall_state import recall_state_figure
@@ -44,6 +45,7 @@ def draw_figures(run: RunData, registry: Registry | None = None) -> dict[str, Fi
         made["lm_extrapolation"] = _drawn("lm_extrapolation", lambda: extrapolation_figure(run))
         made["lm_cost"] = _drawn("lm_cost", lambda: language_cost_figure(run))
         made["lm_by_position"] = _drawn("lm_by_position", lambda: position_loss_figure(run))
+        made["lm_passkey"] = _drawn("lm_passkey", lambda: passkey_figure(run))
     made["sweeps"] = _drawn("sweeps", lambda: sweep_figure(run))
     made["scorecard"] = _drawn("scorecard", lambda: scorecard_figure(run))
     made["attention_patterns"] = _drawn(

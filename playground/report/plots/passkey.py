@@ -30,7 +30,11 @@ from matplotlib.colors import Colormap, Normalize, to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from playground.report.plots.bits_per_byte import _failure_note, _setups, language_panels
+from playground.report.plots.bits_per_byte import (
+    language_failure_note,
+    language_panels,
+    language_setups,
+)
 from playground.report.plots.data import RunData
 from playground.report.plots.style import finish, new_figure, readable, variant_colour
 from playground.report.task_rows import OK
@@ -88,7 +92,7 @@ def passkey_panels(run: RunData) -> list[Panel]:
         if isinstance(train_length, int):
             lengths.add(train_length)
         depths = sorted({float(depth) for row in scored for depth in row["passkey_depths"]})
-        for setup, setup_rows in _setups(run, rows).items():
+        for setup, setup_rows in language_setups(run, rows).items():
             by_length = {
                 r["eval_length"]: r for r in setup_rows if isinstance(r.get("eval_length"), int)
             }
@@ -244,7 +248,7 @@ def passkey_figure(run: RunData) -> Figure | None:
     for axes, panel in zip(drawn, panels, strict=True):
         _draw(axes, panel, colours)
         notes.extend(
-            _failure_note(row) for row in panel.rows.values() if row.get("status", OK) != OK
+            language_failure_note(row) for row in panel.rows.values() if row.get("status", OK) != OK
         )
     scale = ScalarMappable(norm=Normalize(0.0, 1.0), cmap=colours)
     figure.colorbar(scale, ax=drawn, label="exact match (fraction of prompts)", shrink=0.8)
