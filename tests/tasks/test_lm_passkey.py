@@ -55,40 +55,48 @@ def test_fraction_zero_leaves_the_training_windows_as_they_were(corpus: Path) ->
         assert torch.equal(data.labels, expected[:, 1:]), options
 
 
-def test_a_carrying_window_ends_with_the_key_of_its_needle(corpus: Path) -> None:
+def test_a_carrying_window_answers_its_query_with_the_key_of_its_needle(corpus: Path) -> None:
     data = make_task(corpus, passkey_fraction=1.0).generate(300, seed=3)
-    keys = set()
+    keys, queries = set(), set()
     for row in whole(data.tokens, data.labels):
         needle, query = marks(row)  # one needle, one query, nothing else marked
-        assert query == SEQ_LEN + 1 - DIGITS - len(QUERY)
+        assert query >= needle + NEEDLE  # the query comes after the whole needle
         assert bytes(row[query : query + len(QUERY)].tolist()) == QUERY
         assert bytes(row[needle : needle + len(QUERY)].tolist()) == QUERY
         key = row[needle + len(QUERY) : needle + len(QUERY) + DIGITS]
         assert int(row[needle + NEEDLE - 1]) == END
-        assert torch.equal(row[-DIGITS:], key)  # the answer is the needle's key
+        answer = row[query + len(QUERY) : query + len(QUERY) + DIGITS]
+        assert torch.equal(answer, key)  # the answer is the needle's key
         assert bytes(key.tolist()).isdigit()
         keys.add(bytes(key.tolist()))
+        queries.add(query)
     assert len(keys) > 290  # fresh keys, not one key learnt by heart
+    # the query anywhere from right after a needle at 0 to the window's end
+    assert min(queries) == NEEDLE and max(queries) == SEQ_LEN + 1 - DIGITS - len(QUERY)
 
 
-def test_the_needle_is_hidden_in_the_windows_own_bytes_at_a_uniform_depth(corpus: Path) -> None:
-    """Take the needle and the query out of a carrying window and what is left is the start
-    of the window drawn without passkeys (same seed, same offsets); the needle's place is
-    uniform over the F + 1 places in F bytes of filler."""
+def test_the_needle_and_query_are_hidden_in_the_windows_own_bytes(corpus: Path) -> None:
+    """Take the needle and the query with its key out of a carrying window and what is
+    left is the start of the window drawn without passkeys (same seed, same offsets); the
+    needle is drawn from the window's start to the last place before the query, and the
+    query's end uniformly over the window."""
     plain = make_task(corpus).generate(2000, seed=5)
     carried = make_task(corpus, passkey_fraction=1.0).generate(2000, seed=5)
     original = whole(plain.tokens, plain.labels)
-    depths = []
+    depths, ends = [], []
+    span = len(QUERY) + DIGITS
     for row, before in zip(whole(carried.tokens, carried.labels), original, strict=True):
-        at = marks(row)[0]
-        filler = torch.cat([row[:at], row[at + NEEDLE : FILLER + NEEDLE]])
+        at, query = marks(row)
+        filler = torch.cat([row[:at], row[at + NEEDLE : query], row[query + span :]])
         assert torch.equal(filler, before[:FILLER])
         depths.append(at)
-    counts = torch.bincount(torch.tensor(depths), minlength=FILLER + 1)
-    assert counts.numel() == FILLER + 1  # never past the filler
-    quarters = counts[: FILLER // 4 * 4].view(4, -1).sum(1).float()
-    assert quarters.min() > 0.8 * quarters.mean()  # about 2000 / 4 in each quarter
-    assert counts[0] > 0 and counts[FILLER] > 0  # both ends are drawn
+        ends.append(query + span)
+    counts = torch.bincount(torch.tensor(ends), minlength=SEQ_LEN + 2)
+    assert counts[: NEEDLE + span].sum() == 0 and counts[NEEDLE + span] > 0
+    assert counts[SEQ_LEN + 1] > 0  # a key may end the window, as the probe's does
+    halves = counts[NEEDLE + span :].split((SEQ_LEN + 2 - NEEDLE - span) // 2)
+    assert abs(int(halves[0].sum()) - int(halves[1].sum())) < 200  # about 1000 each
+    assert min(depths) == 0 and FILLER - 5 < max(depths) <= FILLER  # the needle spans the filler
 
 
 def test_a_fraction_puts_a_needle_in_about_that_share_of_windows(corpus: Path) -> None:

@@ -24,9 +24,9 @@ Kamradt's needle in a haystack and of RULER, Hsieh et al. 2024) asks the trained
 a random key hidden in held-out text (`passkey_prompts`; the format in
 playground.tasks.lm.passkey). A tiny model trained for minutes on code cannot follow an
 instruction zero-shot, so the format is in its training data: with `passkey_fraction` f,
-about f of the training windows keep only their first bytes as filler, hide a needle with
-a fresh key at a uniform random depth of it, and end with the query and the key, every
-byte still a next-byte label. The probe's prompts are built from the test split alone.
+about f of the training windows hide a needle with a fresh key in their own text and ask
+for it later, the query and the key at a random place after the needle and the rest of the
+text after them (`passkey.carry`), every byte still a next-byte label. The probe's prompts are built from the test split alone.
 """
 
 from __future__ import annotations
@@ -251,8 +251,14 @@ class ByteLanguageModelling(LanguageTask):
             digits = self.options.passkey_digits
             filler = length + 1 - passkey.overhead(digits)
             keys = passkey.draw_keys(generator, int(carriers.sum()), digits)
-            at = torch.randint(0, filler + 1, (len(keys),), generator=generator)
-            windows[carriers] = passkey.hide(windows[carriers, :filler], keys, at)
+            count, span = len(keys), len(passkey.QUERY) + digits
+            # where the key ends, then the needle anywhere before its query (`passkey.carry`)
+            shortest = passkey.needle_length(digits) + span
+            end = (
+                shortest + (torch.rand(count, generator=generator) * (length + 2 - shortest)).long()
+            )
+            at = (torch.rand(count, generator=generator) * (end - shortest + 1)).long()
+            windows[carriers] = passkey.carry(windows[carriers, :filler], keys, at, end)
         return TaskData(windows[:, :-1].contiguous(), windows[:, 1:].contiguous())
 
     def passkey_prompts(self, length: int, depth: float) -> TaskData:
