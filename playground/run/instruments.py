@@ -251,8 +251,7 @@ def gemm_fields(rate: float | None) -> GemmFields:
     efficiency is against (the faster library's), then `gemm_matmul_flops_per_s` and
     `gemm_onednn_flops_per_s`, each library's own rate, and `gemm_library`, which was the
     faster. A plain number (a ceiling from elsewhere) records the first alone, the others
-    None. An entry of env.json's `gemm_measurements` holds them without the prefix
-    (`gemm_measurement`)."""
+    None. An entry of env.json's `gemm_measurements` holds them without the prefix."""
     measured = rate if isinstance(rate, GemmRate) else None
     return {
         "gemm_flops_per_s": None if rate is None else float(rate),
@@ -260,11 +259,6 @@ def gemm_fields(rate: float | None) -> GemmFields:
         "gemm_onednn_flops_per_s": None if measured is None else measured.onednn_flops_per_s,
         "gemm_library": None if measured is None else measured.library,
     }
-
-
-def gemm_measurement(rate: float | None) -> dict[str, object]:
-    """`gemm_fields` without their `gemm_` prefix: an entry of env.json's gemm_measurements."""
-    return {key.removeprefix("gemm_"): value for key, value in gemm_fields(rate).items()}
 
 
 def gemm_rate_of(record: dict[str, Any], prefix: str = "gemm_") -> float | None:

@@ -42,7 +42,6 @@ from playground.run.instruments import (
     cpu_count,
     gemm_fields,
     gemm_flops_per_second,
-    gemm_measurement,
     gemm_rate_of,
     load_average,
     resolve_threads,
@@ -193,7 +192,8 @@ class Runner:
         measured = list(env.get("gemm_measurements") or [])
         if not measured and env.get("gemm_flops_per_s"):  # a run from before this list
             measured.append({"at": "start", "flops_per_s": env["gemm_flops_per_s"]})
-        entry = {"at": when, **gemm_measurement(flops)}
+        rates = {key.removeprefix("gemm_"): value for key, value in gemm_fields(flops).items()}
+        entry = {"at": when, **rates}
         best = max([*measured, entry], key=lambda measurement: measurement["flops_per_s"])
         env.update(gemm_fields(gemm_rate_of(best, prefix="")))
         self._keep_fastest(env, "gemm", measured, entry)
