@@ -4,9 +4,10 @@ object, and mypy holds every writer and reader to these names and types.
 A row is one `Row`: the fields every row has (`RowIdentity`, `PlacementFields`), then those
 of its kind. A cost cell's row adds `CostCell` and what its pass measured (`CostFields`
 for forward and forward+backward, `DecodeFields` for a decode step); a task cell's adds
-`TaskFields` and, scored by accuracy, `AccuracyScores` and `AccuracyFields`, or, a
-language model, `LanguageFields`. Writers build the group they fill (`measure_decode`
-returns `DecodeFields`), readers take `Row`, so a misspelt key is a type error.
+`TaskFields` and, scored by accuracy, `AccuracyFields` (its `AccuracyScores`), or, a
+language model, `LanguageFields`; scored at several lengths, either holds
+`EvaluatedFields`. Writers build the group they fill (`measure_decode` returns
+`DecodeFields`), readers take `Row`, so a misspelt key is a type error.
 
 A group that may carry a status of its own (a failed evaluation length) is declared apart
 from `Row` (`LengthFields`, `TaskOutcome`): `Row` requires its status.
