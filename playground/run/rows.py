@@ -33,30 +33,38 @@ class BadLine:
 FieldCheck = Callable[[object], bool]
 """Whether a decoded JSON value is of one declared type."""
 
+_EXACT_TYPES: dict[Any, frozenset[type]] = {
+    str: frozenset({str}),
+    int: frozenset({int}),  # not bool: True is no count
+    float: frozenset({int, float}),  # JSON may write a whole float as an int
+    bool: frozenset({bool}),
+    type(None): frozenset({type(None)}),
+}
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+
+def _never(value: object) -> bool:
+    return False
 
 
-def _is_integer(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _split(annotation: Any) -> tuple[frozenset[type], FieldCheck]:
+    """(the exact types a decoded value of `annotation` may have, the check of the
+    containers it may be, `_never` when none): most fields are scalars, whose check is
+    one set lookup."""
+    if annotation in _EXACT_TYPES:
+        return _EXACT_TYPES[annotation], _never
+    if get_origin(annotation) not in (Union, types.UnionType):
+        return frozenset(), _container_check(annotation)
+    parts = [_split(argument) for argument in get_args(annotation)]
+    exact = frozenset().union(*(types_ for types_, _ in parts))
+    containers = [check for _, check in parts if check is not _never]
+    if len(containers) < 2:
+        return exact, containers[0] if containers else _never
+    return exact, lambda value: any(check(value) for check in containers)
 
 
-def field_check(annotation: Any) -> FieldCheck:
-    """The check of a decoded JSON value against a type of the schema: str, int, float (an
-    int too), bool, None, Any, unions of them, list[...], dict[str, ...] and TypedDicts
-    (their required keys present, their declared keys checked, others allowed).
-    TypeError for a form the schema does not use."""
+def _container_check(annotation: Any) -> FieldCheck:
     if annotation is Any:
         return lambda value: True
-    if annotation is type(None):
-        return lambda value: value is None
-    if annotation is float:
-        return _is_number
-    if annotation is int:
-        return _is_integer
-    if annotation in (str, bool):
-        return lambda value: isinstance(value, annotation)
     if is_typeddict(annotation):
         checks = {key: field_check(hint) for key, hint in get_type_hints(annotation).items()}
         required = annotation.__required_keys__
@@ -66,19 +74,26 @@ def field_check(annotation: Any) -> FieldCheck:
             and all(check(value[key]) for key, check in checks.items() if key in value)
         )
     origin, arguments = get_origin(annotation), get_args(annotation)
-    if origin in (Union, types.UnionType):
-        alternatives = [field_check(argument) for argument in arguments]
-        return lambda value: any(check(value) for check in alternatives)
     if origin is list:
         item = field_check(arguments[0])
         return lambda value: isinstance(value, list) and all(item(each) for each in value)
-    if origin is dict and arguments[0] is str:
+    if origin is dict and arguments[0] is str:  # a JSON object's keys are strings
+        if arguments[1] is Any:
+            return lambda value: isinstance(value, dict)
         entry = field_check(arguments[1])
-        return lambda value: (
-            isinstance(value, dict)
-            and all(isinstance(key, str) and entry(each) for key, each in value.items())
-        )
+        return lambda value: isinstance(value, dict) and all(map(entry, value.values()))
     raise TypeError(f"a row field of type {annotation!r} has no check; declare it otherwise")
+
+
+def field_check(annotation: Any) -> FieldCheck:
+    """The check of a decoded JSON value against a type of the schema: str, int, float (an
+    int too), bool, None, Any, unions of them, list[...], dict[str, ...] and TypedDicts
+    (their required keys present, their declared keys checked, others allowed).
+    TypeError for a form the schema does not use."""
+    exact, container = _split(annotation)
+    if container is _never:
+        return lambda value: type(value) in exact
+    return lambda value: type(value) in exact or container(value)
 
 
 def type_text(annotation: Any) -> str:
@@ -95,10 +110,9 @@ def type_text(annotation: Any) -> str:
     return str(annotation.__name__)
 
 
-FIELD_CHECKS = {
-    key: (field_check(hint), type_text(hint)) for key, hint in get_type_hints(Row).items()
-}
-"""Each field `Row` declares -> (its check, its type as text)."""
+FIELD_CHECKS = {key: (*_split(hint), type_text(hint)) for key, hint in get_type_hints(Row).items()}
+"""Each field `Row` declares -> (the exact types its value may have, the check of the
+containers it may be, its type as text)."""
 
 _SHOWN = reprlib.Repr()
 _SHOWN.maxstring, _SHOWN.maxother = 60, 60
@@ -109,10 +123,10 @@ def field_problem(row: dict[str, Any]) -> str | None:
     the type it must have and the value it has); None when each declared one is."""
     for key, value in row.items():
         declared = FIELD_CHECKS.get(key)
-        if declared is None or declared[0](value):
+        if declared is None or type(value) in declared[0] or declared[1](value):
             continue
         kind = "None" if value is None else type(value).__name__
-        return f"has {key!r} = {_SHOWN.repr(value)} (a {kind}), not {declared[1]}"
+        return f"has {key!r} = {_SHOWN.repr(value)} (a {kind}), not {declared[2]}"
     return None
 
 

@@ -123,6 +123,7 @@ EVERY_KIND = """
     passes = ["forward", "forward_backward", "decode"]
     measures = ["speed", "memory", "fidelity", "accuracy"]
     accuracy_workers = 1
+    threads = 1  # tiny models: more threads only wait for each other
     save_weights = true
 
     [timing]
