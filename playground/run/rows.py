@@ -42,24 +42,26 @@ _EXACT_TYPES: dict[Any, frozenset[type]] = {
 }
 
 
-def _never(value: object) -> bool:
-    return False
+def _instance_of(exact: frozenset[type]) -> FieldCheck:
+    """A value of a subclass of a declared scalar type is one too, as for mypy (a row
+    being written may hold a GemmRate, a float); a bool is no number even so."""
+    kinds = tuple(exact)
+    return lambda value: isinstance(value, kinds) and not isinstance(value, bool)
 
 
 def _split(annotation: Any) -> tuple[frozenset[type], FieldCheck]:
-    """(the exact types a decoded value of `annotation` may have, the check of the
-    containers it may be, `_never` when none): most fields are scalars, whose check is
-    one set lookup."""
+    """(the exact types a decoded value of `annotation` may have, the check of any other
+    value: a subclass of one of them, or a container it may be): most fields are scalars,
+    whose check is one set lookup."""
     if annotation in _EXACT_TYPES:
-        return _EXACT_TYPES[annotation], _never
+        exact = _EXACT_TYPES[annotation]
+        return exact, _instance_of(exact)
     if get_origin(annotation) not in (Union, types.UnionType):
         return frozenset(), _container_check(annotation)
     parts = [_split(argument) for argument in get_args(annotation)]
     exact = frozenset().union(*(types_ for types_, _ in parts))
-    containers = [check for _, check in parts if check is not _never]
-    if len(containers) < 2:
-        return exact, containers[0] if containers else _never
-    return exact, lambda value: any(check(value) for check in containers)
+    others = [check for _, check in parts]
+    return exact, lambda value: any(check(value) for check in others)
 
 
 def _container_check(annotation: Any) -> FieldCheck:
@@ -90,10 +92,8 @@ def field_check(annotation: Any) -> FieldCheck:
     int too), bool, None, Any, unions of them, list[...], dict[str, ...] and TypedDicts
     (their required keys present, their declared keys checked, others allowed).
     TypeError for a form the schema does not use."""
-    exact, container = _split(annotation)
-    if container is _never:
-        return lambda value: type(value) in exact
-    return lambda value: type(value) in exact or container(value)
+    exact, other = _split(annotation)
+    return lambda value: type(value) in exact or other(value)
 
 
 def type_text(annotation: Any) -> str:
@@ -111,8 +111,8 @@ def type_text(annotation: Any) -> str:
 
 
 FIELD_CHECKS = {key: (*_split(hint), type_text(hint)) for key, hint in get_type_hints(Row).items()}
-"""Each field `Row` declares -> (the exact types its value may have, the check of the
-containers it may be, its type as text)."""
+"""Each field `Row` declares -> (the exact types its value may have, the check of any
+other value, its type as text)."""
 
 _SHOWN = reprlib.Repr()
 _SHOWN.maxstring, _SHOWN.maxother = 60, 60

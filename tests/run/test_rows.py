@@ -73,6 +73,15 @@ def test_ints_for_floats_nulls_where_declared_and_undeclared_keys_are_rows():
     assert rows == [row] and bad == []
 
 
+def test_a_value_of_a_subclass_is_of_its_type_as_for_mypy():
+    """A row being written may hold a GemmRate (a float; the Ray executor's failed cells
+    do) or another float subclass; a bool stays no number."""
+    assert row_problem({**ROW, "gemm_flops_per_s": GemmRate(1e11, 9e10)}) is None
+    assert row_problem({**ROW, "time_ms": True}) == (
+        "has 'time_ms' = True (a bool), not float | None"
+    )
+
+
 def test_a_run_holding_such_a_line_is_damaged_and_says_where(tmp_path):
     store = RunStore.create(tmp_path, "rows")
     store.path("results.jsonl").write_bytes(lines(ROW, {**ROW, "cell": "b", "time_ms": "fast"}))
