@@ -179,11 +179,14 @@ EVERY_KIND = """
     name = "lm"
     variants = ["alibi", "linformer"]
     corpus = "CORPUS"
-    seq_len = 16
-    eval_bytes = 256
+    seq_len = 48
+    eval_bytes = 768
     sample_bytes = 4
     prompt = "the "
-    eval_lengths = [32]
+    eval_lengths = [96]
+    passkey_fraction = 0.5
+    passkey_depths = [0.0, 1.0]
+    passkey_trials = 2
     steps = 2
     batch_size = 4
     seeds = 2
@@ -202,10 +205,10 @@ def _reset_default_registry():
 @pytest.mark.slow
 def test_every_field_a_run_writes_is_declared(tmp_path: Path, write_plugin, monkeypatch):
     """Cost cells of every pass (fidelity, a score_mod variant, a flops() that overflows,
-    a variant that cannot decode), a swept curriculum task scored at a further length, a
-    language task with a further evaluation length and weights kept, then `playground
-    eval` at another length: each key of each row must be declared in
-    playground/run/row_schema.py."""
+    a variant that cannot decode), a swept curriculum task, a task scored at a further
+    length, a language task with the passkey probe, a further evaluation length and
+    weights kept, then `playground eval` at another length: each key of each row must be
+    declared in playground/run/row_schema.py."""
     monkeypatch.setattr(
         runner_module, "gemm_flops_per_second", lambda *a, **k: GemmRate(1e11, 9e10)
     )
@@ -218,7 +221,7 @@ def test_every_field_a_run_writes_is_declared(tmp_path: Path, write_plugin, monk
     runner = Runner(load_spec(str(path), registry), registry, store, Console(file=io.StringIO()))
     runner.start()
     assert runner.measure_pending()[1]
-    assert evaluate_again(store.directory, registry, [48], announce=lambda _: None) > 0
+    assert evaluate_again(store.directory, registry, [144], announce=lambda _: None) > 0
 
     declared = set(get_type_hints(Row))
     rows = store.rows()
@@ -248,6 +251,8 @@ def test_every_field_a_run_writes_is_declared(tmp_path: Path, write_plugin, monk
         "bigram_bits_per_byte",
         "position_bucket",
         "bits_per_byte_by_position_ci95",
+        "passkey_exact_per_seed",
+        "passkey_chance_log_likelihood",
         "samples",
         "corpus_fingerprint",
         "weights",
