@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from typing import TypedDict
 
 import torch
 
@@ -132,7 +133,15 @@ def is_out_of_memory(error: BaseException) -> bool:
     )
 
 
-def failure_fields(error: BaseException) -> dict[str, str]:
+class FailureFields(TypedDict):
+    """A failed cell's status and error, as its row holds them
+    (playground.run.row_schema)."""
+
+    status: str
+    error: str
+
+
+def failure_fields(error: BaseException) -> FailureFields:
     """The status and error of a result row whose cell raised `error` (docs/design.md,
     Results): `unsupported`, `invalid`, `oom` or `error`, with the message."""
     if isinstance(error, UnsupportedFeature):

@@ -6,10 +6,11 @@ check (a new folder, a plugin mypy cannot name) fails here instead of going unch
 from __future__ import annotations
 
 import io
+import textwrap
 from pathlib import Path
 
 import pytest
-from mypy import config_parser, find_sources
+from mypy import api, config_parser, find_sources
 from mypy.options import Options
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,3 +87,27 @@ def test_the_core_is_held_to_the_strict_flags(options, module):
     per_module = options.clone_for_module(module)
     off = [flag for flag, value in STRICT_FLAGS.items() if getattr(per_module, flag) != value]
     assert off == []
+
+
+@pytest.mark.parametrize(("key", "status"), [("time_ms", 0), ("time_mss", 1)])
+def test_a_misspelt_row_field_is_a_type_error(tmp_path, monkeypatch, key, status):
+    """Rows are typed (playground/run/row_schema.py): a reader's misspelt key fails."""
+    monkeypatch.chdir(ROOT)
+    reader = tmp_path / "reader.py"
+    reader.write_text(
+        textwrap.dedent(
+            f"""\
+            from playground.run.row_schema import Row
+
+
+            def time_of(row: Row) -> float | None:
+                return row["{key}"]
+            """
+        )
+    )
+    checked = [str(reader), "playground/run/row_schema.py"]
+    flags = ["--follow-imports=skip", "--cache-dir=/dev/null", "--no-error-summary"]
+    report, _, exit_status = api.run([*flags, *checked])
+    assert exit_status == status, report
+    if status:
+        assert f'TypedDict "Row" has no key "{key}"' in report

@@ -16,6 +16,8 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
+from playground.run.row_schema import Row
+
 LEARNED_TITLE = "Learned parameters after training (each layer's learned_summary)"
 LEARNED_COLUMNS = ("setup", "task", "layer", "parameter", "mean over seeds", "per seed")
 
@@ -82,7 +84,7 @@ def _layer_entries(parameter: str, layers: dict[str, list[Value]]) -> list[list[
     return entries
 
 
-def learned_entries(rows: Iterable[dict[str, Any]]) -> list[list[str]]:
+def learned_entries(rows: Iterable[Row]) -> list[list[str]]:
     """LEARNED_COLUMNS, per (setup, task) that learned something, in setup order. A
     language task's rows (one per evaluation length) carry the same values: one is read."""
     entries: dict[tuple[str, str], list[list[str]]] = {}

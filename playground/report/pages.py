@@ -48,6 +48,7 @@ from playground.report.tables import (
     summary_title,
 )
 from playground.report.task_rows import Continuation, continuations
+from playground.run.row_schema import Row
 from playground.run.stats import accuracy_bounds, format_interval
 
 HTML_REPORT = "report.html"
@@ -96,7 +97,7 @@ def exponent_table(lines: Sequence[Line]) -> Table:
     return list(EXPONENT_COLUMNS), exponent_entries(list(lines))
 
 
-def accuracy_table(rows: Iterable[dict[str, Any]]) -> Table:
+def accuracy_table(rows: Iterable[Row]) -> Table:
     """One row per (setup, task)."""
     header = [
         "variant",
@@ -127,7 +128,7 @@ def accuracy_table(rows: Iterable[dict[str, Any]]) -> Table:
     return header, table
 
 
-def language_table(rows: list[dict[str, Any]]) -> Table:
+def language_table(rows: list[Row]) -> Table:
     """One row per (setup, task, evaluation length): bits per byte and the baselines."""
     return list(LANGUAGE_TABLE_COLUMNS), language_entries(rows)
 
@@ -179,7 +180,7 @@ def _longest_run(text: str, character: str) -> int:
     return longest
 
 
-def failure_table(rows: Iterable[dict[str, Any]]) -> Table:
+def failure_table(rows: Iterable[Row]) -> Table:
     """Every cell that did not finish ok, with its full error."""
     table = []
     for row in rows:

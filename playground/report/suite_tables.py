@@ -6,7 +6,6 @@ report's pages and as rich tables for the terminal."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -14,11 +13,12 @@ from rich.markup import escape
 from playground.report.summary import OK, accuracy_rows
 from playground.report.sweeps import Choice, choices, chosen_rows, grid_text, test_score
 from playground.report.tables import compact_table
+from playground.run.row_schema import Row
 
 TASK_GRID_TITLE = "Accuracy by setup and task (mean over seeds; of a sweep, its chosen point)"
 
 
-def task_grid_entries(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+def task_grid_entries(rows: list[Row]) -> tuple[list[str], list[list[str]]]:
     """(header, entries): one line per setup, one column per task, each the accuracy mean
     (a cell that did not finish shows its status); ([], []) unless at least two setups
     were scored on at least two tasks."""
@@ -43,7 +43,7 @@ def task_grid_entries(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[
     return ["setup", *tasks], entries
 
 
-def print_task_grid(rows: list[dict[str, Any]], console: Console) -> None:
+def print_task_grid(rows: list[Row], console: Console) -> None:
     """The setups × tasks table (`task_grid_entries`); nothing for fewer than two of each."""
     header, entries = task_grid_entries(rows)
     if not entries:
@@ -101,7 +101,7 @@ def sweep_entries(found: Sequence[Choice]) -> list[list[str]]:
     return entries
 
 
-def print_sweeps(rows: list[dict[str, Any]], console: Console) -> None:
+def print_sweeps(rows: list[Row], console: Console) -> None:
     """The sweep table (`sweep_entries`); nothing when the run swept nothing."""
     entries = sweep_entries(choices(rows))
     if not entries:

@@ -30,7 +30,7 @@ import re
 import tomllib
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 from playground.report.task_rows import (
     LANGUAGE_COLUMNS,
@@ -48,6 +48,7 @@ from playground.run.instruments import (
     cost_flags,
     fit_scaling,
 )
+from playground.run.row_schema import Row
 from playground.run.store import ACCURACY, ENV, SPEC, SUMMARY, DamagedRun, RunStore
 
 OK = "ok"
@@ -99,14 +100,14 @@ class Line:
 
 
 def scaling_fits(
-    rows: Iterable[dict[str, Any]],
+    rows: Iterable[Row],
 ) -> tuple[ScalingFit | None, ScalingFit | None]:
     """Time and memory log-log fits over the ok rows of one (setup, pass); None
     where fewer than two lengths were measured."""
     rows = [r for r in rows if r["status"] == "ok"]
 
-    def fit(key: str) -> ScalingFit | None:
-        points = [(r["seq_len"], r[key]) for r in rows if r.get(key)]
+    def fit(key: Literal["time_ms", "peak_memory_bytes", "state_bytes"]) -> ScalingFit | None:
+        points = [(r["seq_len"], value) for r in rows if (value := r.get(key))]
         if len({n for n, _ in points}) < 2:
             return None
         return fit_scaling([n for n, _ in points], [v for _, v in points])
@@ -144,7 +145,7 @@ def exponent_text(fit: ScalingFit | None) -> str:
     return fit.text() + (f" {DOUBTFUL}" if doubtful(fit) else "")
 
 
-def exponents(rows: Iterable[dict[str, Any]]) -> tuple[float | None, float | None]:
+def exponents(rows: Iterable[Row]) -> tuple[float | None, float | None]:
     """Time and memory exponents of one (setup, pass) that can be shown as facts
     (figure legends): None from fewer than three lengths or when the fit is doubtful;
     the tables show those with their caveat."""
@@ -158,7 +159,7 @@ def exponents(rows: Iterable[dict[str, Any]]) -> tuple[float | None, float | Non
     return shown(time_fit), shown(memory_fit)
 
 
-def row_flags(row: dict[str, Any], efficiency: float | None) -> list[str]:
+def row_flags(row: Row, efficiency: float | None) -> list[str]:
     """A cost row's flags: those it carries, less an efficiency flag (judged again on
     `efficiency`, the summary's), plus those its fields show (rows written before flags
     existed included)."""
@@ -181,7 +182,9 @@ def row_flags(row: dict[str, Any], efficiency: float | None) -> list[str]:
 Ceilings = dict[tuple[Any, Any, str], float]
 """(node, threads, rate) -> the best rate measured there (env.json's, for the runner):
 rate "gemm_flops_per_s" (the GEMM ceiling) or "bandwidth_bytes_per_s" (decode steps')."""
-RATES = {
+Rate = Literal["gemm_flops_per_s", "bandwidth_bytes_per_s"]
+"""A row's rate that an efficiency is against."""
+RATES: dict[Rate, tuple[Literal["efficiency", "bandwidth_efficiency"], str]] = {
     "gemm_flops_per_s": ("efficiency", "gemm_flops_per_s"),
     "bandwidth_bytes_per_s": ("bandwidth_efficiency", "memory_bandwidth_bytes_per_s"),
 }
@@ -189,7 +192,7 @@ RATES = {
 
 
 def best_efficiency(
-    row: dict[str, Any], ceilings: Ceilings | None, rate: str = "gemm_flops_per_s"
+    row: Row, ceilings: Ceilings | None, rate: Rate = "gemm_flops_per_s"
 ) -> float | None:
     """The row's efficiency against `rate` (RATES), restated against the best rate known
     for its node and threads; the row's own when none is better (or known)."""
@@ -231,7 +234,7 @@ def spec_baseline(store: RunStore) -> str | None:
 
 
 def summarize(
-    rows: list[dict[str, Any]],
+    rows: list[Row],
     baseline: str | None = None,
     ceilings: Ceilings | None = None,
 ) -> list[Line]:
@@ -239,27 +242,27 @@ def summarize(
     labelled `baseline` (the spec's), none without one (and `baseline_missing` set on
     every line when it has no timed row: it was not run). `ceilings` (run_ceilings):
     efficiencies are restated against the best GEMM measured on a row's node."""
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, str], list[Row]] = {}
     for row in rows:
         if "task" in row:
             continue  # accuracy rows: accuracy_table()
         groups.setdefault((row["label"], row["pass"]), []).append(row)
     baseline_times = {
-        (row["pass"], row["seq_len"]): row["time_ms"]
+        (row["pass"], row["seq_len"]): measured_ms
         for row in rows
         if "task" not in row
         and row["label"] == baseline
         and row["status"] == "ok"
-        and row.get("time_ms")
+        and (measured_ms := row.get("time_ms"))
     }
     timed = any(row.get("time_ms") for row in rows if "task" not in row)
     missing = baseline if baseline and timed and not baseline_times else None
     # A forward slower than forward+backward of the same point and n is impossible: both
     # lines get a flag.
     times = {
-        (row["label"], row["pass"], row["seq_len"]): row["time_ms"]
+        (row["label"], row["pass"], row["seq_len"]): measured_ms
         for row in rows
-        if "task" not in row and row["status"] == OK and row.get("time_ms")
+        if "task" not in row and row["status"] == OK and (measured_ms := row.get("time_ms"))
     }
     inverted = {
         (label, n)
@@ -273,6 +276,7 @@ def summarize(
             time_ms = row.get("time_ms")
             reference = baseline_times.get((pass_name, row["seq_len"]))
             memory = row.get("peak_memory_bytes")
+            state = row.get("state_bytes")
             efficiency = best_efficiency(row, ceilings)
             bandwidth_efficiency = best_efficiency(row, ceilings, "bandwidth_bytes_per_s")
             runs = row.get("timed_runs")
@@ -315,9 +319,7 @@ def summarize(
                     fidelity_reference=row.get("fidelity_reference"),
                     time_fit=time_fit,
                     memory_fit=memory_fit,
-                    state_mib=None
-                    if row.get("state_bytes") is None
-                    else row["state_bytes"] / 2**20,
+                    state_mib=None if state is None else state / 2**20,
                     bandwidth_efficiency=bandwidth_efficiency,
                 )
             )
@@ -361,7 +363,7 @@ def natural_key(text: str) -> list[Any]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
 
 
-def accuracy_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def accuracy_rows(rows: list[Row]) -> list[dict[str, object]]:
     """The accuracy rows, reduced to ACCURACY_COLUMNS, task by task."""
     selected = [row for row in rows if is_accuracy_row(row)]
     selected.sort(key=lambda row: natural_key(str(row["task_label"])))

@@ -25,6 +25,7 @@ from typing import Any
 
 from playground.errors import PlaygroundError
 from playground.report.task_rows import is_accuracy_row, is_language_row, setup_name
+from playground.run.row_schema import Row
 from playground.run.store import RunStore
 
 SWEEPS = "sweeps.csv"
@@ -39,39 +40,39 @@ class Choice:
     setup: str
     sweep: str
     eval_length: int | None
-    points: tuple[dict[str, Any], ...]
+    points: tuple[Row, ...]
     """Every grid point's row, in the spec's order (failed ones included)."""
-    chosen: dict[str, Any] | None
+    chosen: Row | None
     """The row of the point with the best validation mean; None when no point has one."""
     within: int
     """Points whose validation mean lies within the chosen one's 95 % interval (itself
     included): how flat the optimum is."""
 
     @property
-    def scored(self) -> list[dict[str, Any]]:
+    def scored(self) -> list[Row]:
         """The points with a validation score, in the spec's order."""
         return [row for row in self.points if _validation(row) is not None]
 
 
-def _validation(row: dict[str, Any]) -> float | None:
+def _validation(row: Row) -> float | None:
     value = row.get("validation_mean")
     if row.get("status") != "ok" or value is None or not math.isfinite(float(value)):
         return None  # a non-finite score is none: max() would keep a NaN it met first
     return float(value)
 
 
-def is_swept(row: dict[str, Any]) -> bool:
+def is_swept(row: Row) -> bool:
     """A quality row of one point of a sweep."""
     return bool(row.get("grid")) and (is_accuracy_row(row) or is_language_row(row))
 
 
-def _direction(rows: Sequence[dict[str, Any]]) -> int:
+def _direction(rows: Sequence[Row]) -> int:
     """+1 where the validation metric is higher-is-better, -1 where lower is."""
     metrics = {row.get("validation_metric") for row in rows if _validation(row) is not None}
     return -1 if metrics & set(LOWER_IS_BETTER) else 1
 
 
-def choose(points: Sequence[dict[str, Any]]) -> tuple[dict[str, Any] | None, int]:
+def choose(points: Sequence[Row]) -> tuple[Row | None, int]:
     """(the point with the best validation mean, how many points lie within its 95 %
     interval); (None, 0) when no point has a validation score. The interval of one seed is
     unknown, so there only points with the very same mean count."""
@@ -86,9 +87,9 @@ def choose(points: Sequence[dict[str, Any]]) -> tuple[dict[str, Any] | None, int
     return best, within
 
 
-def choices(rows: Sequence[dict[str, Any]]) -> list[Choice]:
+def choices(rows: Sequence[Row]) -> list[Choice]:
     """One Choice per (setup, sweep, evaluation length), in the order rows first show it."""
-    groups: dict[tuple[str, str, int | None], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, str, int | None], list[Row]] = {}
     for row in rows:
         if is_swept(row):
             key = (setup_name(row), str(row.get("sweep")), row.get("eval_length"))
@@ -100,12 +101,12 @@ def choices(rows: Sequence[dict[str, Any]]) -> list[Choice]:
     return found
 
 
-def chosen_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def chosen_rows(rows: Sequence[Row]) -> list[Row]:
     """`rows` with each sweep reduced to its chosen point (module docstring): that row,
     its `task_label` the sweep's, with `chosen_from` (the grid's points), `within_interval`
     and the chosen `grid` beside. A sweep no point of which scored keeps its first row,
     which says why (its status and error)."""
-    picked: dict[int, dict[str, Any]] = {}
+    picked: dict[int, Row] = {}
     for choice in choices(rows):
         row = choice.chosen or choice.points[0]
         picked[id(row)] = {
@@ -117,7 +118,7 @@ def chosen_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [picked.get(id(row), row) for row in rows if not is_swept(row) or id(row) in picked]
 
 
-def at_point(rows: Sequence[dict[str, Any]], fixed: dict[str, str]) -> list[dict[str, Any]]:
+def at_point(rows: Sequence[Row], fixed: dict[str, str]) -> list[Row]:
     """`rows` with each sweep held at `fixed` (`{"learning_rate": "0.003"}`): its other
     points dropped, so what follows chooses among the rest; what a verdict would have said
     had every setup trained there. SweepPointMissing when no point has those values."""
@@ -125,7 +126,7 @@ def at_point(rows: Sequence[dict[str, Any]], fixed: dict[str, str]) -> list[dict
         return list(rows)
     swept = [row for row in rows if is_swept(row)]
 
-    def matches(row: dict[str, Any]) -> bool:
+    def matches(row: Row) -> bool:
         grid = row.get("grid") or {}
         return all(key in grid and _same(grid[key], value) for key, value in fixed.items())
 
@@ -160,7 +161,7 @@ def grid_text(grid: dict[str, Any] | None) -> str:
     return ", ".join(f"{key}={value}" for key, value in (grid or {}).items())
 
 
-def test_score(row: dict[str, Any]) -> tuple[float | None, float | None]:
+def test_score(row: Row) -> tuple[float | None, float | None]:
     """The row's test score and its 95 % half-width, in its own metric."""
     if is_language_row(row):
         return row.get("bits_per_byte_mean"), row.get("bits_per_byte_ci95")
@@ -216,7 +217,7 @@ def best_at(choice: Choice, key: str) -> list[tuple[float, float, float | None, 
     point has that value) for each value of `key` in the grid, the other settings at their
     best for it: the profile a learning-rate figure draws."""
     sign = _direction(choice.points)
-    by_value: dict[float, dict[str, Any]] = {}
+    by_value: dict[float, Row] = {}
     for row in choice.scored:
         value = float(row["grid"][key])
         held = by_value.get(value)

@@ -21,14 +21,15 @@ from playground.report.summary import (
     OK,
     PASS_TITLES,
     Line,
-    accuracy_rows,
     baseline_note,
     exponent_text,
+    natural_key,
 )
 from playground.report.sweeps import chosen_rows
 from playground.report.task_rows import is_accuracy_row, is_language_row, language_rows, setup_name
 from playground.run.fidelity import CAUSAL_REFERENCE
 from playground.run.instruments import FLAG_MEANINGS
+from playground.run.row_schema import Row
 from playground.run.stats import accuracy_bounds, format_interval
 
 
@@ -36,31 +37,33 @@ def _format(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def print_accuracy(rows: list[dict[str, Any]], console: Console) -> None:
+def print_accuracy(rows: list[Row], console: Console) -> None:
     """variant × task: accuracy mean [95% interval] over seeds, each seed, chance; of a
-    sweep, the point chosen on validation (print_sweeps shows the grid)."""
-    accuracy = accuracy_rows(chosen_rows(rows))
+    sweep, the point chosen on validation (print_sweeps shows the grid). The interval is
+    the report's (`accuracy_bounds` of the whole row: its recorded bounds)."""
+    accuracy = [row for row in chosen_rows(rows) if is_accuracy_row(row)]
     if not accuracy:
         return
     table = Table(title="Accuracy on held-out examples (mean [95% interval over seeds])")
     for column in ("task", "variant", "accuracy", "seeds", "chance", "train s/seed", "status"):
         table.add_column(column)
-    for row in accuracy:
+    for row in sorted(accuracy, key=lambda row: natural_key(row["task_label"])):  # as accuracy.csv
+        mean = row.get("accuracy_mean")
         ok = row["status"] == "ok"
         table.add_row(
             row["task_label"],
             row["label"],
-            format_interval(row["accuracy_mean"], accuracy_bounds(row)) if ok else "-",
-            ", ".join(f"{a:.3f}" for a in row["accuracy_per_seed"]) if ok else "-",
-            _format(row["chance"], ".3f"),
-            _format(row["train_time_s"], ".1f"),
-            row["status"] if ok else f"[red]{row['status']}[/red]: {escape(str(row['error']))}",
+            format_interval(mean, accuracy_bounds(row)) if ok and mean is not None else "-",
+            ", ".join(f"{a:.3f}" for a in row.get("accuracy_per_seed", [])) if ok else "-",
+            _format(row.get("chance"), ".3f"),
+            _format(row.get("train_time_s"), ".1f"),
+            row["status"] if ok else f"[red]{row['status']}[/red]: {escape(str(row.get('error')))}",
         )
     console.print(table)
     print_learned([row for row in rows if is_accuracy_row(row)], console)
 
 
-def print_learned(rows: list[dict[str, Any]], console: Console) -> None:
+def print_learned(rows: list[Row], console: Console) -> None:
     """What the rows' trained attention layers learned (`learned_entries`), under the
     table of their scores; nothing when no layer learned anything."""
     entries = learned_entries(rows)
@@ -96,7 +99,7 @@ LANGUAGE_TABLE_COLUMNS = (
 )
 
 
-def _bits_per_byte(row: dict[str, Any]) -> str:
+def _bits_per_byte(row: Row) -> str:
     mean = row.get("bits_per_byte_mean")
     if mean is None:
         return "-"
@@ -105,7 +108,7 @@ def _bits_per_byte(row: dict[str, Any]) -> str:
     return format_interval(mean, bounds or row.get("bits_per_byte_ci95"))
 
 
-def language_entries(rows: list[dict[str, Any]]) -> list[list[str]]:
+def language_entries(rows: list[Row]) -> list[list[str]]:
     """LANGUAGE_TABLE_COLUMNS, one row per (setup, task, evaluation length), sorted by
     setup then length; a row that did not finish ok shows its status and why.
     MixedCorpora when a task's rows were scored on different text."""
@@ -129,7 +132,7 @@ def language_entries(rows: list[dict[str, Any]]) -> list[list[str]]:
     return entries
 
 
-def print_language(rows: list[dict[str, Any]], console: Console) -> None:
+def print_language(rows: list[Row], console: Console) -> None:
     """The language-model table (`language_entries`); nothing without language rows."""
     entries = language_entries(rows)
     if not entries:
@@ -146,7 +149,7 @@ def print_language(rows: list[dict[str, Any]], console: Console) -> None:
     print_learned([row for row in rows if is_language_row(row)], console)
 
 
-def node_facts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def node_facts(rows: list[Row]) -> list[dict[str, Any]]:
     """Per node that measured cost cells: hostname, Ray node id, threads, its GEMM
     throughput, its cells and their median efficiency. One dict per node of a
     distributed run; a slower node shows as a lower GEMM figure with an efficiency like
@@ -176,7 +179,7 @@ def node_facts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(nodes.values())
 
 
-def print_nodes(rows: list[dict[str, Any]], console: Console) -> None:
+def print_nodes(rows: list[Row], console: Console) -> None:
     """The node table, when more than one node measured the run's cost cells."""
     nodes = node_facts(rows)
     if len(nodes) < 2:

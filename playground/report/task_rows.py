@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from playground.errors import PlaygroundError
+from playground.run.row_schema import Row
 
 OK = "ok"
 LANGUAGE_SUMMARY = "lm_summary.csv"
@@ -52,28 +53,28 @@ class MixedCorpora(PlaygroundError, ValueError):
     cannot stand in one table or figure."""
 
 
-def is_accuracy_row(row: dict[str, Any]) -> bool:
+def is_accuracy_row(row: Row) -> bool:
     """A task row scored by accuracy (a row without "metric" is one: it predates the field)."""
     return "task" in row and row.get("metric", "accuracy") == "accuracy"
 
 
-def is_language_row(row: dict[str, Any]) -> bool:
+def is_language_row(row: Row) -> bool:
     """A language-model row: one (setup, task, evaluation length) scored in bits per byte."""
     return "task" in row and row.get("metric") == "bits_per_byte"
 
 
-def setup_name(row: dict[str, Any]) -> str:
+def setup_name(row: Row) -> str:
     """The setup a language row belongs to: its `setup_label`, else its label."""
     return str(row.get("setup_label") or row["label"])
 
 
-def model_settings(row: dict[str, Any]) -> str:
+def model_settings(row: Row) -> str:
     """What `setup_name` adds to the row's label: the model settings that are not the
     default (`positional_encoding=none`), "" when none."""
     return setup_name(row).removeprefix(str(row["label"])).strip()
 
 
-def task_base(row: dict[str, Any]) -> str:
+def task_base(row: Row) -> str:
     """The row's task label less the model settings, so that `lm(seq_len=128)` and
     `lm(seq_len=128) positional_encoding=none` are one task, drawn in one panel."""
     label = str(row.get("task_label") or row["task"])
@@ -81,7 +82,7 @@ def task_base(row: dict[str, Any]) -> str:
     return label.removesuffix(f" {settings}") if settings else label
 
 
-def check_corpora(rows: Iterable[dict[str, Any]]) -> None:
+def check_corpora(rows: Iterable[Row]) -> None:
     """MixedCorpora when the ok language rows of one task (`task_base`, so a setup's
     model settings do not hide it) carry different corpus fingerprints. A row the runner
     already refused for its corpus has status error and shows no numbers: it mixes nothing."""
@@ -106,7 +107,7 @@ def check_corpora(rows: Iterable[dict[str, Any]]) -> None:
         )
 
 
-def language_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def language_rows(rows: Iterable[Row]) -> list[Row]:
     """The language-model rows sorted by setup, then task, then evaluation length;
     MixedCorpora when a task's rows were scored on different text."""
     selected = [row for row in rows if is_language_row(row)]
@@ -122,7 +123,7 @@ def language_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     )
 
 
-def language_records(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def language_records(rows: Iterable[Row]) -> list[dict[str, object]]:
     """`language_rows` reduced to LANGUAGE_COLUMNS (lm_summary.csv)."""
     return [
         {**{column: row.get(column) for column in LANGUAGE_COLUMNS}, "setup_label": setup_name(row)}
@@ -154,7 +155,7 @@ class Continuation:
     continuation: str
 
 
-def continuations(rows: Iterable[dict[str, Any]]) -> list[Continuation]:
+def continuations(rows: Iterable[Row]) -> list[Continuation]:
     """One per ok (setup, task) row at the training length that holds samples, in the
     order of `language_rows`; prompt and continuation through `visible`."""
     found = []

@@ -39,6 +39,7 @@ from playground.errors import PlaygroundError
 from playground.report.summary import Ceilings, Line, run_ceilings, spec_baseline, summarize
 from playground.report.sweeps import at_point, chosen_rows
 from playground.report.task_rows import is_accuracy_row, is_language_row, setup_name, task_base
+from playground.run.row_schema import Row
 from playground.run.stats import CONFIDENCE, t_quantile
 from playground.run.store import RunStore
 
@@ -104,7 +105,7 @@ class Verdict:
         return self.direction * self.difference
 
 
-def _metric(row: dict[str, Any]) -> Metric:
+def _metric(row: Row) -> Metric:
     if is_language_row(row):
         length = row.get("eval_length")
         return Metric(f"bits/byte on {task_base(row)} at n={length}", -1, length)
@@ -112,7 +113,7 @@ def _metric(row: dict[str, Any]) -> Metric:
     return Metric(f"accuracy on {row.get('task_label') or row['task']}", 1, options.get("seq_len"))
 
 
-def quality_scores(rows: Sequence[dict[str, Any]]) -> list[Score]:
+def quality_scores(rows: Sequence[Row]) -> list[Score]:
     """The ok quality rows with per-seed values, as Scores; of a sweep, the point chosen
     on validation (report.sweeps), scored on test."""
     scores = []
@@ -220,9 +221,7 @@ def _cost(
     return at, None if found is None else found.efficiency, ratio, state
 
 
-def verdicts(
-    rows: Sequence[dict[str, Any]], baseline: str, ceilings: Ceilings | None = None
-) -> list[Verdict]:
+def verdicts(rows: Sequence[Row], baseline: str, ceilings: Ceilings | None = None) -> list[Verdict]:
     """One Verdict per (setup other than the baseline, quality metric the baseline has);
     MissingBaseline, naming the setups there are, when the baseline has no quality row."""
     scores = quality_scores(rows)

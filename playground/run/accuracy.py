@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from rich.progress import Progress
 
-from playground.errors import ConfigError, failure_fields
+from playground.errors import ConfigError, FailureFields, failure_fields
 from playground.hook_calls import learned_summaries
 from playground.model.training import TrainConfig, evaluate, majority_rate, train
 from playground.model.transformer import TransformerClassifier, describe
@@ -43,6 +43,13 @@ from playground.run.model_settings import (
     sweep_label,
     training_label,
 )
+from playground.run.row_schema import (
+    AccuracyScores,
+    LengthFields,
+    TaskFields,
+    TaskIdentity,
+    TaskOutcome,
+)
 from playground.run.state_size import StateSize, scored_state_sizes, state_fields
 from playground.run.stats import interval_half_width, proportion_interval
 from playground.tasks import IGNORE, LanguageTask, Task
@@ -56,7 +63,7 @@ WeightsSink = Callable[[int, dict[str, torch.Tensor]], str]
 
 def kept_weights(
     seeds: Sequence[int], results: Sequence[SeedResult], keep: WeightsSink | None
-) -> dict[str, Any]:
+) -> TaskFields:
     """The row's "weights" field (seed -> where its weights are kept) when the seeds
     returned weights; a note instead when there was nowhere to keep them."""
     if not any(result.weights is not None for result in results):
@@ -79,7 +86,7 @@ def measure_accuracy(
     seeds: Sequence[int] = DEFAULT_SEEDS,
     progress: Progress | bool | None = None,
     keep: WeightsSink | None = None,
-) -> dict[str, Any]:
+) -> TaskOutcome:
     """Train and score `job` once per seed, one seed after another; return the row fields.
 
     Each seed draws its own data (train/test disjoint), initialisation and batch order.
@@ -143,7 +150,7 @@ class LengthAccuracy:
     accuracy: float | None = None
     majority: float | None = None
     scored: int = 0
-    failure: dict[str, str] | None = None
+    failure: FailureFields | None = None
     """`failure_fields` of why it was not scored (None when it was)."""
 
 
@@ -238,7 +245,7 @@ def train_seed(
 
 def row_fields(
     prepared: Prepared, seeds: Sequence[int], results: Sequence[SeedResult]
-) -> dict[str, Any]:
+) -> TaskOutcome:
     """The result row's accuracy fields: mean, 95% half-width and std over seeds, each
     seed's value, and what they came from. After a curriculum, also "curriculum" (each
     stage's task, steps and batch size, the task last) and "stages": each stage's own
@@ -246,7 +253,7 @@ def row_fields(
     model = prepared.model
     shape = {"d_model": model.d_model, "num_heads": model.num_heads, "num_layers": model.num_layers}
     curriculum = bool(prepared.stages)
-    common = {
+    common: TaskFields = {
         "seeds": list(seeds),
         "final_train_loss": statistics.fmean(result.final_train_loss for result in results),
         "train_time_s": statistics.fmean(result.train_time_s for result in results),
@@ -256,9 +263,9 @@ def row_fields(
     }
     if any(result.learned for result in results):  # per seed, in the order of "seeds"
         common["learned_per_seed"] = [result.learned for result in results]
-    common.update(validation_fields(prepared.task, results))
+    common = {**common, **validation_fields(prepared.task, results)}
 
-    def identity(task: Task) -> dict[str, Any]:
+    def identity(task: Task) -> TaskIdentity:
         """Which task the row scores, labelled with the model settings it trained with."""
         label = training_label(
             task.label,
@@ -268,7 +275,7 @@ def row_fields(
             grid=prepared.job.grid,
             **shape,
         )
-        sweep = {
+        sweep: TaskIdentity = {
             "grid": dict(prepared.job.grid),
             "sweep": sweep_label(label, prepared.job.grid),
         }
@@ -289,7 +296,7 @@ def row_fields(
         training: TrainConfig,
         scores: Sequence[tuple[float, float]],
         predictions: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> AccuracyScores:
         accuracies = [accuracy for accuracy, _ in scores]
         low, high = proportion_interval(accuracies, predictions) or (None, None)
         return {
@@ -307,16 +314,14 @@ def row_fields(
             "batch_size": training.batch_size,
         }
 
-    def at_length(length: int, scores: Sequence[LengthAccuracy]) -> dict[str, Any]:
+    def at_length(length: int, scores: Sequence[LengthAccuracy]) -> LengthFields:
         """The fields of the row at another length: the scaled task's scores under the
         trained one's label, " at n=<length>" added (a task of its own in the tables)."""
         trained = identity(task)
         suffix = f" at n={length}"
-        where = {
-            "eval_length": length,
-            "task_label": trained["task_label"] + suffix,
-            **({"sweep": trained["sweep"] + suffix} if "sweep" in trained else {}),
-        }
+        where: LengthFields = {"eval_length": length, "task_label": trained["task_label"] + suffix}
+        if "sweep" in trained:
+            where["sweep"] = trained["sweep"] + suffix
         failed = [(seed, s.failure) for seed, s in zip(seeds, scores, strict=True) if s.failure]
         if failed:
             seed, failure = failed[0]
@@ -336,16 +341,16 @@ def row_fields(
         assert result.accuracy is not None and result.majority is not None, "an accuracy seed"
         accuracies.append((result.accuracy, result.majority))
     predictions = {result.scored for result in results}
-    fields = scored(
+    test_scores = scored(
         prepared.task,
         prepared.training,
         accuracies,
         predictions.pop() if len(predictions) == 1 else None,  # seeds' test sets agree
     )
-    fields.update(common)
-    fields.update(state_fields([result.state_sizes for result in results], -1))
+    sizes = [result.state_sizes for result in results]
+    fields: TaskOutcome = {**test_scores, **common, **state_fields(sizes, -1)}
     if prepared.job.eval_lengths:  # one row per further length, as a language task's
-        fields.update(train_length=task.seq_len, eval_length=task.seq_len)
+        fields = {**fields, "train_length": task.seq_len, "eval_length": task.seq_len}
         fields["evaluations"] = [
             at_length(each, [result.lengths[index] for result in results])
             for index, each in enumerate(
@@ -359,14 +364,16 @@ def row_fields(
             for task, training in phases
         ]
         fields["stages"] = [
-            scored(task, training, [result.stage_scores[index] for result in results])
-            | state_fields([result.state_sizes for result in results], index)
+            {
+                **scored(task, training, [result.stage_scores[index] for result in results]),
+                **state_fields(sizes, index),
+            }
             for index, (task, training) in enumerate(prepared.stages)
         ]
     return fields
 
 
-def validation_fields(task: Task, results: Sequence[SeedResult]) -> dict[str, Any]:
+def validation_fields(task: Task, results: Sequence[SeedResult]) -> TaskFields:
     """The seeds' scores on the validation split, in the task's metric (`validation_metric`):
     a sweep picks its grid point by their mean, and the test scores stay for the report.
     None of them when a seed has none (a result from before validation was scored)."""

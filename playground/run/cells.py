@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from playground.errors import PlaygroundError
 from playground.run.language_scores import eval_cell_id, evaluation_lengths, length_row
+from playground.run.row_schema import AccuracyScores, Row
 from playground.run.spec import Spec, TaskRun, VariantSetup
 
 COST_MEASURES = ("speed", "memory", "fidelity")
@@ -34,18 +34,19 @@ def accuracy_cell_id(variant_label: str, task_label: str) -> str:
     return f"{variant_label}|task={task_label}"
 
 
-def with_stage_rows(row: dict[str, Any], cell: Cell) -> list[dict[str, Any]]:
+def with_stage_rows(row: Row, cell: Cell) -> list[Row]:
     """`row`, then one row per curriculum stage of `cell`'s task: the stage's scores
     (row_fields' "stages") over the row's other fields, or, when the cell failed, the
     row's status and error under each stage's label. A language cell's row is followed
     by one row per further evaluation length (its "evaluations")."""
     if "evaluations" in row:
-        primary = {key: value for key, value in row.items() if key != "evaluations"}
-        return [primary] + [length_row(row, fields) for fields in row["evaluations"]]
+        primary = row.copy()
+        evaluations = primary.pop("evaluations")
+        return [primary] + [length_row(row, fields) for fields in evaluations]
     if cell.task is None or not cell.task.curriculum:
         return [row]
-    row = dict(row)
-    scored = row.pop("stages", None) or [
+    row = row.copy()
+    scored: list[AccuracyScores] = row.pop("stages", []) or [
         {"task_label": label, "task_options": {**cell.task.options, **stage.options}}
         for label, stage in zip(cell.task.stage_labels, cell.task.curriculum, strict=True)
     ]
@@ -55,7 +56,7 @@ def with_stage_rows(row: dict[str, Any], cell: Cell) -> list[dict[str, Any]]:
     ]
 
 
-def row_ids(cell: Cell, primary: dict[str, Any]) -> list[str]:
+def row_ids(cell: Cell, primary: Row) -> list[str]:
     """The ids of every row `cell` writes, given its own row `primary`: its own, each
     curriculum stage's, and, for a language cell that trained (its row has a
     `train_length`), one per further evaluation length (as with_stage_rows writes them)."""
@@ -69,7 +70,7 @@ def row_ids(cell: Cell, primary: dict[str, Any]) -> list[str]:
     return ids
 
 
-def pending_cells(spec: Spec, rows: list[dict[str, Any]]) -> list[Cell]:
+def pending_cells(spec: Spec, rows: list[Row]) -> list[Cell]:
     """The cells of `spec` that lack a row: their own, or one of the rows they write
     beside it (a stage's, an evaluation length's, cut by a crash or set aside by
     `playground repair`). Such a cell runs again and writes only the rows it lacks."""

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from playground.registry import Registry
 from playground.run.cells import Cell
 from playground.run.measurer import Measurer
+from playground.run.row_schema import Row
 from playground.run.spec import Spec
 
-Record = Callable[[dict[str, Any]], None]
+Record = Callable[[Row], None]
 """Called in the runner's process with each row once it is complete."""
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch.utils import benchmark
@@ -45,6 +44,7 @@ from playground.run.instruments import (
     time_call,
     using_threads,
 )
+from playground.run.row_schema import DecodeFields
 
 STEPS_PER_RUN = 8
 """Decode steps in one timed run at most: enough that the timer's own overhead vanishes."""
@@ -174,7 +174,7 @@ def measure_decode(
     threads: int,
     bandwidth: float,
     seed: int = 0,
-) -> dict[str, Any]:
+) -> DecodeFields:
     """The fields of a decode row: the median time of one step just below `context`
     tokens, the state's bytes per sequence there, and the step against reading the state
     once at `bandwidth` bytes/s. In eval mode, without gradients."""

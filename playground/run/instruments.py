@@ -49,6 +49,7 @@ import torch
 from torch.utils import benchmark
 
 from playground.model import linear_layers
+from playground.run.row_schema import GemmFields
 
 MIN_TIMED_RUNS = 3
 """Timed runs per cell at the least: enough for a median and a quartile spread."""
@@ -245,18 +246,18 @@ class GemmRate(float):
         return "onednn" if onednn is not None and onednn > self.matmul_flops_per_s else "matmul"
 
 
-def gemm_fields(rate: float | None, prefix: str = "gemm_") -> dict[str, float | str | None]:
-    """How env.json and each row record a GEMM ceiling: `{prefix}flops_per_s`, the one
-    efficiency is against (the faster library's), then `{prefix}matmul_flops_per_s` and
-    `{prefix}onednn_flops_per_s`, each library's own rate, and `{prefix}library`, which was
-    the faster. A plain number (a ceiling from elsewhere) records the first alone, the
-    others None."""
+def gemm_fields(rate: float | None) -> GemmFields:
+    """How each row and env.json record a GEMM ceiling: `gemm_flops_per_s`, the one
+    efficiency is against (the faster library's), then `gemm_matmul_flops_per_s` and
+    `gemm_onednn_flops_per_s`, each library's own rate, and `gemm_library`, which was the
+    faster. A plain number (a ceiling from elsewhere) records the first alone, the others
+    None. An entry of env.json's `gemm_measurements` holds them without the prefix."""
     measured = rate if isinstance(rate, GemmRate) else None
     return {
-        f"{prefix}flops_per_s": None if rate is None else float(rate),
-        f"{prefix}matmul_flops_per_s": None if measured is None else measured.matmul_flops_per_s,
-        f"{prefix}onednn_flops_per_s": None if measured is None else measured.onednn_flops_per_s,
-        f"{prefix}library": None if measured is None else measured.library,
+        "gemm_flops_per_s": None if rate is None else float(rate),
+        "gemm_matmul_flops_per_s": None if measured is None else measured.matmul_flops_per_s,
+        "gemm_onednn_flops_per_s": None if measured is None else measured.onednn_flops_per_s,
+        "gemm_library": None if measured is None else measured.library,
     }
 
 

@@ -19,14 +19,15 @@ import json
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from playground.errors import ConfigError, failure_fields
+from playground.errors import ConfigError, FailureFields, failure_fields
 from playground.model.sampling import continue_bytes
 from playground.model.training import bits_by_position, bits_per_byte
 from playground.model.transformer import TransformerClassifier
 from playground.run.model_settings import refuse_beyond_limit
 from playground.run.passkey_scores import PasskeyScore, chance_log_likelihood, score_passkey
+from playground.run.row_schema import LengthFields, LengthScores, Row, TaskOutcome
 from playground.run.stats import interval_half_width
 from playground.tasks import LanguageTask
 
@@ -60,7 +61,7 @@ scores (bits per byte and the passkey probe's, or an accuracy task's), and the d
 state at that length."""
 
 
-def length_row(row: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+def length_row(row: Row, fields: LengthFields) -> Row:
     """The row of `row`'s cell at another evaluation length: everything the lengths share
     (the training, the corpus) from `row`, then that length's `fields`."""
     shared = {
@@ -68,10 +69,10 @@ def length_row(row: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
         for key, value in row.items()
         if key not in LENGTH_FIELDS and not key.startswith(PER_LENGTH_PREFIXES)
     }
-    return {**shared, **fields, "cell": eval_cell_id(row["cell"], fields["eval_length"])}
+    return cast(Row, {**shared, **fields, "cell": eval_cell_id(row["cell"], fields["eval_length"])})
 
 
-def corpus_conflict(row: dict[str, Any], known: dict[str, str]) -> str | None:
+def corpus_conflict(row: Row, known: dict[str, str]) -> str | None:
     """Why `row` cannot sit beside the run's rows of its task (`known`: the task and its
     options -> corpus fingerprint, updated with `row`'s when there is none yet; model
     settings such as NoPE do not make another task); None when it can."""
@@ -103,7 +104,7 @@ class LengthScore:
     length: int
     bits_per_byte: float | None = None
     scored_bytes: int = 0
-    failure: dict[str, str] | None = None
+    failure: FailureFields | None = None
     """`failure_fields` of why it was not scored (None when it was)."""
     passkey: PasskeyScore | None = None
     """The passkey probe at this length (None: the task has none)."""
@@ -169,9 +170,7 @@ def score_language(
     )
 
 
-def length_fields(
-    length: int, seeds: Sequence[int], scores: Sequence[LengthScore]
-) -> dict[str, Any]:
+def length_fields(length: int, seeds: Sequence[int], scores: Sequence[LengthScore]) -> LengthFields:
     """The fields of the row at one evaluation length from every seed's score there: the
     mean with its 95 % Student-t interval over seeds, or the first seed's failure."""
     fields: dict[str, Any] = {"eval_length": length}
@@ -181,7 +180,7 @@ def length_fields(
     if failed:
         seed, failure = failed[0]
         fields.update(failure, error=f"seed {seed}: {failure['error']}")
-        return fields
+        return cast(LengthFields, fields)
     values = [score.bits_per_byte for score in scores if score.bits_per_byte is not None]
     mean = statistics.fmean(values)
     buckets = list(zip(*(score.by_position for score in scores), strict=True))
@@ -202,10 +201,10 @@ def length_fields(
     probes = [score.passkey for score in scores if score.passkey is not None]
     if probes:
         fields.update(passkey_fields(probes))
-    return fields
+    return cast(LengthFields, fields)
 
 
-def passkey_fields(probes: Sequence[PasskeyScore]) -> dict[str, Any]:
+def passkey_fields(probes: Sequence[PasskeyScore]) -> LengthScores:
     """The passkey probe's fields of a row at one length: per depth, exact match and the
     key's log-likelihood in bits, the mean over seeds, and each seed's exact matches."""
     first = probes[0]
@@ -223,23 +222,23 @@ def passkey_fields(probes: Sequence[PasskeyScore]) -> dict[str, Any]:
     }
 
 
-def baseline_fields(task: LanguageTask, length: int) -> dict[str, Any]:
+def baseline_fields(task: LanguageTask, length: int) -> LengthScores:
     """The n-gram baselines on the bytes scored at `length` (none where that length has no
     held-out set: its row says why)."""
     try:
         baselines = task.baselines(length)
     except ConfigError:
         return {}
-    return {f"{name}_bits_per_byte": value for name, value in baselines.items()}
+    return cast(LengthScores, {f"{name}_bits_per_byte": value for name, value in baselines.items()})
 
 
 def language_fields(
     task: LanguageTask, seeds: Sequence[int], results: Sequence[LanguageScores]
-) -> dict[str, Any]:
+) -> TaskOutcome:
     """The row fields of a language-model cell: what every length's row shares (the
     corpus, baselines, throughput, samples), the training length's scores, and
     "evaluations", the other lengths' fields, each a row of its own."""
-    per_length = [
+    per_length: list[LengthFields] = [
         {
             **length_fields(scores[0].length, seeds, scores),
             **baseline_fields(task, scores[0].length),
@@ -248,7 +247,7 @@ def language_fields(
     ]
     fingerprints = {result.fingerprint for result in results}
     if len(fingerprints) > 1:  # seeds trained on nodes holding different text
-        problem = {
+        problem: FailureFields = {
             "status": "error",
             "error": f"the seeds trained on different corpora (fingerprints "
             f"{', '.join(sorted(f[:12] for f in fingerprints))}): the nodes that ran them hold "

@@ -21,7 +21,6 @@ import math
 import platform
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 from rich.progress import Progress
@@ -43,6 +42,7 @@ from playground.run.instruments import (
     time_call,
 )
 from playground.run.jobs import AccuracyJob, Prepared, prepare
+from playground.run.row_schema import CostFields, DecodeFields, Row
 from playground.run.seeds import SeedLane, SeedOutcome, SeedTask
 from playground.run.spec import DECODE, Spec
 from playground.softmax_attention import SoftmaxAttention
@@ -158,10 +158,10 @@ class Measurer:
             return None
         return lambda seed, state: keep(cell.id, seed, state)
 
-    def row(self, cell: Cell) -> dict[str, Any]:
+    def row(self, cell: Cell) -> Row:
         """The fields every row of `cell` starts with: what it is and where it runs."""
         spec = self.spec
-        row: dict[str, Any] = {
+        row: Row = {
             "cell": cell.id,
             "variant": cell.variant.name,
             "label": cell.variant.label,
@@ -176,31 +176,33 @@ class Measurer:
             "error": None,
         }
         if cell.task is None:
-            row.update(
-                seq_len=cell.seq_len,
-                batch_size=spec.batch_size,
-                d_model=spec.d_model,
-                num_heads=spec.num_heads,
-                **{"pass": cell.pass_name},
-            )
-        else:
-            row.update(
-                task=cell.task.name,
-                task_label=cell.task.label,
-                task_options=cell.task.options,
-                d_model=cell.task.d_model,
-                num_heads=cell.task.num_heads,
-                num_layers=cell.task.num_layers,
-                metric=getattr(self.registry.get_task(cell.task.name), "metric", "accuracy"),
-                setup_label=" ".join(
-                    part for part in (cell.variant.label, cell.task.settings_label) if part
-                ),
-            )
-            if cell.task.grid:  # a failed cell's row says where in the sweep it was too
-                row.update(grid=dict(cell.task.grid), sweep=cell.task.sweep)
+            assert cell.seq_len is not None and cell.pass_name is not None, "a cost cell"
+            return {
+                **row,
+                "seq_len": cell.seq_len,
+                "batch_size": spec.batch_size,
+                "d_model": spec.d_model,
+                "num_heads": spec.num_heads,
+                "pass": cell.pass_name,
+            }
+        row = {
+            **row,
+            "task": cell.task.name,
+            "task_label": cell.task.label,
+            "task_options": cell.task.options,
+            "d_model": cell.task.d_model,
+            "num_heads": cell.task.num_heads,
+            "num_layers": cell.task.num_layers,
+            "metric": getattr(self.registry.get_task(cell.task.name), "metric", "accuracy"),
+            "setup_label": " ".join(
+                part for part in (cell.variant.label, cell.task.settings_label) if part
+            ),
+        }
+        if cell.task.grid:  # a failed cell's row says where in the sweep it was too
+            row = {**row, "grid": dict(cell.task.grid), "sweep": cell.task.sweep}
         return row
 
-    def measure(self, cell: Cell) -> dict[str, Any]:
+    def measure(self, cell: Cell) -> Row:
         """Measure `cell` here, on the run's threads; a raise is recorded, not propagated
         (Ctrl-C excepted)."""
         row = self.row(cell)
@@ -208,21 +210,20 @@ class Measurer:
         started = time.perf_counter()
         try:
             if cell.task is None:
-                row.update(self._measure(cell))
+                row = {**row, **self._measure(cell)}
             else:
-                row.update(
-                    measure_accuracy(
-                        self.registry,
-                        self.job(cell),
-                        seeds=cell.task.seeds,
-                        progress=self.progress,
-                        keep=self.weights_sink(cell),
-                    )
+                measured = measure_accuracy(
+                    self.registry,
+                    self.job(cell),
+                    seeds=cell.task.seeds,
+                    progress=self.progress,
+                    keep=self.weights_sink(cell),
                 )
+                row = {**row, **measured}
         except KeyboardInterrupt:
             raise
         except BaseException as error:  # one cell's failure must not end the sweep
-            row.update(failure_fields(error))
+            row = {**row, **failure_fields(error)}
         finally:
             # Free what the cell left in reference cycles, then freeze what survives (the
             # run's own modules, registry and caches): the next cell's collect then walks
@@ -260,33 +261,31 @@ class Measurer:
             keep_weights=self.spec.save_weights,
         )
 
-    def packed_row(
-        self, cell: Cell, prepared: Prepared, outcomes: dict[int, SeedOutcome]
-    ) -> dict[str, Any]:
+    def packed_row(self, cell: Cell, prepared: Prepared, outcomes: dict[int, SeedOutcome]) -> Row:
         """One accuracy cell's row from its seeds' outcomes, in the spec's seed order."""
         assert cell.task is not None, "a packed row is an accuracy cell's"
         seeds = cell.task.seeds
         ordered = [outcomes[seed] for seed in seeds]
-        row = self.row(cell)
-        row.update(
-            node=",".join(sorted({outcome.node for outcome in ordered})),
-            threads=max(outcome.threads for outcome in ordered),
-            started_at=min(outcome.started_at for outcome in ordered),
-            finished_at=max(outcome.finished_at for outcome in ordered),
-        )
-        row["wall_s"] = row["finished_at"] - row["started_at"]
+        started_at = min(outcome.started_at for outcome in ordered)
+        finished_at = max(outcome.finished_at for outcome in ordered)
+        row: Row = {
+            **self.row(cell),
+            "node": ",".join(sorted({outcome.node for outcome in ordered})),
+            "threads": max(outcome.threads for outcome in ordered),
+            "started_at": started_at,
+            "finished_at": finished_at,
+            "wall_s": finished_at - started_at,
+        }
         failed = [(o.task.seed, o.failure) for o in ordered if o.failure is not None]
         if failed:
             seed, failure = failed[0]
-            row.update(failure)
-            row["error"] = f"seed {seed}: {row['error']}"
-        else:  # no seed failed, so each has its result
-            results = [outcome.result for outcome in ordered if outcome.result is not None]
-            row.update(row_fields(prepared, seeds, results))
-            row.update(kept_weights(seeds, results, self.weights_sink(cell)))
-        return row
+            return {**row, **failure, "error": f"seed {seed}: {failure['error']}"}
+        # no seed failed, so each has its result
+        results = [outcome.result for outcome in ordered if outcome.result is not None]
+        scored = row_fields(prepared, seeds, results)
+        return {**row, **scored, **kept_weights(seeds, results, self.weights_sink(cell))}
 
-    def _measure(self, cell: Cell) -> dict[str, Any]:
+    def _measure(self, cell: Cell) -> CostFields | DecodeFields:
         assert cell.seq_len is not None and cell.pass_name is not None, "a cost cell"
         spec = self.spec
         torch.manual_seed(spec.seed)
@@ -312,7 +311,7 @@ class Measurer:
             spec.device, spec.torch_dtype
         )
         run_pass = Workload(module, tokens, cell.pass_name)
-        fields: dict[str, Any] = {}
+        fields: CostFields = {}
         if isinstance(module, SoftmaxAttention):  # which path its score_mod takes, and why
             fields["score_mod_path"] = str(module.score_mod_structure())
         flops = spec.batch_size * module.count_flops(cell.seq_len, cell.seq_len)
@@ -337,15 +336,16 @@ class Measurer:
             efficiency = (
                 flops / timing.median_s / self.gemm_flops if finite and self.gemm_flops else None
             )
-            fields.update(
-                time_ms=timing.median_s * 1e3,
-                time_iqr_ms=None if timing.iqr_s is None else timing.iqr_s * 1e3,
-                timed_runs=timing.runs,
-                gflops_per_s=flops / timing.median_s / 1e9 if finite else None,
-                efficiency=efficiency,
-                load_average=load,
-                cores=cores,
-                flags=cost_flags(
+            fields = {
+                **fields,
+                "time_ms": timing.median_s * 1e3,
+                "time_iqr_ms": None if timing.iqr_s is None else timing.iqr_s * 1e3,
+                "timed_runs": timing.runs,
+                "gflops_per_s": flops / timing.median_s / 1e9 if finite else None,
+                "efficiency": efficiency,
+                "load_average": load,
+                "cores": cores,
+                "flags": cost_flags(
                     time_s=timing.median_s,
                     iqr_s=timing.iqr_s,
                     runs=timing.runs,
@@ -354,7 +354,7 @@ class Measurer:
                     load=load,
                     cores=cores,
                 ),
-            )
+            }
         for key in ("flops", "gflops_per_s", "efficiency"):
             # Left out rather than None: readers of older rows (the figures) treat a
             # missing number as not measured, and a None would reach their arithmetic.
@@ -371,23 +371,22 @@ class Measurer:
         whole_passes = [name for name in spec.passes if name != DECODE]
         if "fidelity" in spec.measures and cell.pass_name == whole_passes[0]:
             try:
-                fields.update(
-                    measure_fidelity(
-                        module,
-                        cell.seq_len,
-                        spec.batch_size,
-                        spec.seed,
-                        spec.device,
-                        spec.torch_dtype,
-                        is_causal=False,  # the timed call's own: cost cells are not causal
-                    )
+                fidelity = measure_fidelity(
+                    module,
+                    cell.seq_len,
+                    spec.batch_size,
+                    spec.seed,
+                    spec.device,
+                    spec.torch_dtype,
+                    is_causal=False,  # the timed call's own: cost cells are not causal
                 )
+                fields = {**fields, **fidelity}
             except (ValueError, PlaygroundError) as error:
                 fields["fidelity_note"] = str(error)
         return fields
 
     def train_packed(
-        self, cells: Sequence[Cell], lane: SeedLane, record: Callable[[dict[str, Any]], None]
+        self, cells: Sequence[Cell], lane: SeedLane, record: Callable[[Row], None]
     ) -> None:
         """Train the seeds of `cells` on `lane`; record each cell's row as its last seed
         comes back. A cell refused before training (unsupported, bad options) is recorded
@@ -401,8 +400,8 @@ class Measurer:
             except Exception as error:
                 row = self.row(cell)
                 now = time.time()
-                row.update(failure_fields(error), started_at=now, finished_at=now, wall_s=0.0)
-                record(row)
+                failure = failure_fields(error)
+                record({**row, **failure, "started_at": now, "finished_at": now, "wall_s": 0.0})
                 continue
             assert cell.task is not None, "job(cell) refuses a cost cell"
             waiting[cell.id] = (cell, prepared, {})

@@ -23,7 +23,6 @@ import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -42,6 +41,7 @@ from playground.run.language_scores import (
 )
 from playground.run.model_settings import build_model
 from playground.run.resume import resume
+from playground.run.row_schema import LengthFields, Row
 from playground.run.store import ENV, EVALUATIONS, REJECTED, ROWS, RunStore
 from playground.tasks import LanguageTask
 
@@ -50,14 +50,14 @@ from playground.tasks import LanguageTask
 class Evaluation:
     """One trained cell to score at one new length."""
 
-    row: dict[str, Any]
+    row: Row
     """The cell's row at its training length (with its "weights")."""
     length: int
 
 
 def trained_rows(
     store: RunStore, command: str = "eval", purpose: str = "scores the models such a run trained"
-) -> list[dict[str, Any]]:
+) -> list[Row]:
     """The language cells' rows at their training length that kept weights, for
     `playground COMMAND` (which `purpose`); PlaygroundError saying what to do when the run
     has no language cells, or none kept its weights."""
@@ -135,7 +135,7 @@ def planned(store: RunStore, lengths: Sequence[int]) -> list[Evaluation]:
     ]
 
 
-def task_of(registry: Registry, row: dict[str, Any]) -> LanguageTask:
+def task_of(registry: Registry, row: Row) -> LanguageTask:
     """The row's task, rebuilt on this machine; ConfigError when its corpus here is not
     the one the row's models trained on, or the task cannot be made here."""
     task = registry.get_task(row["task"])(**row["task_options"])
@@ -166,7 +166,7 @@ def length_problem(task: LanguageTask, length: int) -> str | None:
 
 
 def models(
-    store: RunStore, registry: Registry, row: dict[str, Any], device: str, dtype: torch.dtype
+    store: RunStore, registry: Registry, row: Row, device: str, dtype: torch.dtype
 ) -> Iterator[tuple[int, TransformerClassifier]]:
     """(seed, trained model) for every seed the row kept weights for."""
     fields = {field.name for field in dataclasses.fields(ModelConfig)}
@@ -244,14 +244,14 @@ def evaluate_again(
                     announce(f"{row['cell']}: seed {seed} at {length}")
                     scores[length].append(score_length(model, task, length, spec.device))
             for length in todo:
-                fields = {
+                fields: LengthFields = {
                     **length_fields(length, seeds, scores[length]),
                     **baseline_fields(task, length),
                 }
-                new = {**length_row(row, fields), "evaluated_at": time.time()}
+                new: Row = {**length_row(row, fields), "evaluated_at": time.time()}
                 conflict = corpus_conflict(new, corpora)
                 if conflict and new.get("status") == "ok":
-                    new.update(status="error", error=conflict)  # its numbers stay in the row
+                    new["status"], new["error"] = "error", conflict  # its numbers stay in the row
                 store.append(new)
                 written += 1
     return written

@@ -48,6 +48,7 @@ from playground.run.instruments import (
 )
 from playground.run.language_scores import corpus_conflict
 from playground.run.measurer import Measurer, check_device
+from playground.run.row_schema import Row
 from playground.run.spec import DECODE, Spec
 from playground.run.store import ENV, OVERRIDES, REJECTED, ROWS, SPEC, RunLock, RunStore
 
@@ -65,7 +66,7 @@ MEASURED_RATES = {
 and the rate's key in each measurement."""
 
 
-def finished_line(row: dict[str, Any], finished: int, cells: Task) -> str:
+def finished_line(row: Row, finished: int, cells: Task) -> str:
     """`3/70 alibi|n=512|forward: ok in 4.2 s (about 310 s to go)`: a finished cell, for
     output that is not a terminal, where rich draws no progress bar."""
     wall = f" in {row['wall_s']:.1f} s" if isinstance(row.get("wall_s"), (int, float)) else ""
@@ -191,7 +192,8 @@ class Runner:
         measured = list(env.get("gemm_measurements") or [])
         if not measured and env.get("gemm_flops_per_s"):  # a run from before this list
             measured.append({"at": "start", "flops_per_s": env["gemm_flops_per_s"]})
-        entry = {"at": when, **gemm_fields(flops, prefix="")}
+        rates = {key.removeprefix("gemm_"): value for key, value in gemm_fields(flops).items()}
+        entry = {"at": when, **rates}
         best = max([*measured, entry], key=lambda measurement: measurement["flops_per_s"])
         env.update(gemm_fields(gemm_rate_of(best, prefix="")))
         self._keep_fastest(env, "gemm", measured, entry)
@@ -257,14 +259,14 @@ class Runner:
             corpus_conflict(earlier, corpora)
             recorded.add(earlier["cell"])
 
-        def record(row: dict[str, Any]) -> None:
+        def record(row: Row) -> None:
             nonlocal finished
             for each in with_stage_rows(row, by_id[row["cell"]]):
                 if each["cell"] in recorded:  # a cell run again for a row it lacked
                     continue
                 conflict = corpus_conflict(each, corpora)
                 if conflict and each.get("status") == "ok":
-                    each.update(status="error", error=conflict)  # its numbers stay in the row
+                    each["status"], each["error"] = "error", conflict  # its numbers stay in the row
                 self.store.append(each)
                 recorded.add(each["cell"])
             finished += 1

@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -28,6 +27,7 @@ from playground.model.sampling import generate
 from playground.registry import Registry
 from playground.run.reevaluate import models, trained_rows
 from playground.run.resume import resume
+from playground.run.row_schema import Row
 
 
 @dataclass(frozen=True)
@@ -46,9 +46,7 @@ class Sample:
     continuation: bytes
 
 
-def chosen_rows(
-    rows: list[dict[str, Any]], variant: str | None, cell: str | None
-) -> list[dict[str, Any]]:
+def chosen_rows(rows: list[Row], variant: str | None, cell: str | None) -> list[Row]:
     """The rows `variant` (a variant's name or a setup's label) and `cell` select; ConfigError
     naming what there is when they select none."""
     chosen = [
@@ -68,7 +66,7 @@ def chosen_rows(
     return chosen
 
 
-def kept_seed(row: dict[str, Any], seed: int | None) -> dict[str, Any]:
+def kept_seed(row: Row, seed: int | None) -> Row:
     """`row` with only `seed`'s weights (default: the first seed it kept); ConfigError
     naming the kept seeds when it kept none for `seed`."""
     seeds = sorted(row["weights"], key=int)

@@ -22,7 +22,7 @@ from typing import Protocol
 import torch
 from rich.progress import Progress
 
-from playground.errors import failure_fields
+from playground.errors import FailureFields, failure_fields
 from playground.registry import Registry
 from playground.run.accuracy import SeedResult, train_seed
 from playground.run.jobs import AccuracyJob, prepare
@@ -45,7 +45,7 @@ class SeedOutcome:
 
     task: SeedTask
     result: SeedResult | None
-    failure: dict[str, str] | None
+    failure: FailureFields | None
     """`failure_fields` of what it raised (None when it trained)."""
     node: str
     threads: int

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
 from playground.decoding import RecomputeState
 from playground.model.transformer import TransformerClassifier
+from playground.run.row_schema import StateFields
 from playground.tasks import Task
 
 DECODING_STATE = "decoding state"
@@ -91,7 +91,7 @@ def scored_state_sizes(
     return tuple(state_size(model, task.seq_len) if task.needs_causal else None for task in tasks)
 
 
-def state_fields(per_seed: Sequence[Sequence[StateSize | None]], index: int) -> dict[str, Any]:
+def state_fields(per_seed: Sequence[Sequence[StateSize | None]], index: int) -> StateFields:
     """A row's `state_bytes` and `state_source`: the first seed's size at the scored task
     `index` (`scored_state_sizes`' order; the seeds agree, as the state depends on the
     model's shape, not its weights). Both None for a task that is not causal (a curriculum

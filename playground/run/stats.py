@@ -23,7 +23,8 @@ import functools
 import math
 import statistics
 from collections.abc import Sequence
-from typing import Any
+
+from playground.run.row_schema import Row
 
 CONFIDENCE = 0.95
 """Coverage of the intervals the tables, figures and report show."""
@@ -69,7 +70,7 @@ def interval_half_width(values: Sequence[float], confidence: float = CONFIDENCE)
     return t_quantile(0.5 + confidence / 2, len(values) - 1) * spread
 
 
-def accuracy_interval(row: dict[str, Any]) -> float | None:
+def accuracy_interval(row: Row) -> float | None:
     """A result row's 95% Student-t half-width: its recorded `accuracy_ci95`, else computed
     from its per-seed accuracies (rows written before the field existed). Kept for code
     that reads the old field; what is shown should be `accuracy_bounds`, which stays inside
@@ -123,7 +124,7 @@ def proportion_interval(
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-def accuracy_bounds(row: dict[str, Any]) -> tuple[float, float] | None:
+def accuracy_bounds(row: Row) -> tuple[float, float] | None:
     """A result row's 95% interval (low, high) of its accuracy, inside [0, 1]: its
     recorded `accuracy_ci95_low` and `accuracy_ci95_high`, else computed from its
     per-seed accuracies (and `accuracy_scored`, the held-out predictions per seed, where
@@ -134,7 +135,7 @@ def accuracy_bounds(row: dict[str, Any]) -> tuple[float, float] | None:
     return proportion_interval(row.get("accuracy_per_seed") or [], row.get("accuracy_scored"))
 
 
-def accuracy_error_bar(row: dict[str, Any]) -> tuple[float, float]:
+def accuracy_error_bar(row: Row) -> tuple[float, float]:
     """How far a row's interval reaches below and above its mean, for matplotlib's
     asymmetric `yerr=[[below], [above]]`; (0, 0) for a single seed."""
     bounds, mean = accuracy_bounds(row), row.get("accuracy_mean")

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from playground.errors import PlaygroundError
+from playground.run.row_schema import Row
 from playground.run.rows import BadLine, parse_lines, row_problem
 
 fcntl: ModuleType | None
@@ -230,13 +231,13 @@ class RunStore:
         except OSError as error:
             raise DamagedRun(f"cannot read {path}: {error.strerror}") from None
 
-    def inspect(self) -> tuple[list[dict[str, Any]], list[BadLine], bool]:
+    def inspect(self) -> tuple[list[Row], list[BadLine], bool]:
         """(rows, bad lines, last line cut short) of results.jsonl, raising only when the
         file cannot be read at all."""
         data = self._read_bytes(ROWS)
         return parse_lines(data) if data else ([], [], False)
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[Row]:
         """Every recorded row. A last line cut short by a crash is ignored (that cell
         counts as missing and a resume runs it again); any other line that is not a row
         is a DamagedRun error naming it."""
@@ -252,7 +253,7 @@ class RunStore:
             )
         return rows
 
-    def append(self, row: dict[str, Any]) -> None:
+    def append(self, row: Row) -> None:
         """Write one finished cell, durably, before the next one starts. The file is read
         first: a damaged one is never appended to, and a last line cut short by a crash
         is moved to results.rejected.jsonl, so the new row starts a line of its own."""
@@ -320,7 +321,7 @@ class RunStore:
         self._set_aside_lines(rows, [line])
         return line
 
-    def _set_aside_lines(self, rows: list[dict[str, Any]], bad: list[BadLine]) -> None:
+    def _set_aside_lines(self, rows: list[Row], bad: list[BadLine]) -> None:
         """Append `bad` to results.rejected.jsonl, then rewrite results.jsonl with `rows`."""
         rejected = "".join(
             json.dumps(

@@ -4,14 +4,18 @@ escaped; report.md has the tables and links the figures by relative name."""
 from __future__ import annotations
 
 import base64
+import io
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from playground.registry import Registry
-from playground.report.pages import write_report
+from playground.report.pages import accuracy_table, write_report
 from playground.report.plots import PlotError, plot_run
+from playground.report.tables import print_accuracy
+from playground.run.stats import format_interval, proportion_interval
 from tests.report.test_plots import accuracy, failed, measurement, write_run
 
 VOID = {"meta", "img", "br", "hr", "link", "input"}
@@ -112,3 +116,24 @@ def test_invalid_cells_are_failed_cells_not_measurements(report) -> None:
 def test_report_of_an_empty_run_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(PlotError, match="nothing to plot"):
         write_report(write_run(tmp_path / "empty", []), [])
+
+
+def test_the_terminal_accuracy_table_shows_the_reports_interval() -> None:
+    """Both show the row's recorded interval (Wilson's, with the seeds' held-out
+    predictions); the terminal table once recomputed it from the seeds alone, which is
+    narrower when seeds agree closely (here [0.897, 0.902] against [0.769, 0.960])."""
+    seeds = [0.899, 0.9, 0.901]
+    low, high = proportion_interval(seeds, 64) or (0.0, 0.0)
+    row = accuracy("vanilla", "vanilla", "copy", 0.9) | {
+        "accuracy_per_seed": seeds,
+        "accuracy_scored": 64,
+        "accuracy_ci95_low": low,
+        "accuracy_ci95_high": high,
+    }
+    recorded = format_interval(0.9, (low, high))
+    assert recorded != format_interval(0.9, proportion_interval(seeds))  # the test can fail
+    _, entries = accuracy_table([row])
+    assert entries[0][2] == recorded
+    console = Console(record=True, width=250, file=io.StringIO())
+    print_accuracy([row], console)
+    assert recorded in console.export_text()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import textwrap
-from typing import Any
+from typing import Any, Literal
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
@@ -25,12 +25,13 @@ from playground.report.plots.style import (
     series_marker,
     status_handles,
 )
+from playground.run.row_schema import Row
 from playground.run.stats import accuracy_error_bar
 
 CHANCE_STYLE: dict[str, Any] = dict(color="0.15", linestyle="--", linewidth=1.2)  # line kwargs
 
 
-def task_name(row: dict[str, Any]) -> str:
+def task_name(row: Row) -> str:
     """The task as figures show it: its label when the row has one."""
     return str(row.get("task_label") or row["task"])
 
@@ -62,7 +63,8 @@ def accuracy_figure(run: RunData) -> Figure | None:
             series = run.series[label]
             x = group + (index - (len(labels) - 1) / 2) * width
             colour = series_colour(series)
-            if row.get("status", OK) != OK or row.get("accuracy_mean") is None:
+            mean = row.get("accuracy_mean")
+            if row.get("status", OK) != OK or mean is None:
                 status = row.get("status", "error")
                 mark_failures(axes, [(x, status)], colour)
                 statuses.add(status)
@@ -70,7 +72,7 @@ def accuracy_figure(run: RunData) -> Figure | None:
                 continue
             axes.bar(
                 x,
-                row["accuracy_mean"],
+                mean,
                 width * 0.92,
                 yerr=[[part] for part in accuracy_error_bar(row)],
                 color=colour,
@@ -97,7 +99,7 @@ def accuracy_figure(run: RunData) -> Figure | None:
     return figure
 
 
-def _training_notes(rows: list[dict[str, Any]]) -> list[str]:
+def _training_notes(rows: list[Row]) -> list[str]:
     """What the bars were trained with: steps and seeds per task."""
     notes: dict[str, str] = {}  # one note per task
     for row in rows:
@@ -111,13 +113,13 @@ def _training_notes(rows: list[dict[str, Any]]) -> list[str]:
 
 def _cost_rows(
     run: RunData, labels: list[str], seq_len: int | None
-) -> tuple[dict[str, dict], int | None]:
+) -> tuple[dict[str, Row], int | None]:
     """accuracy label -> its forward measurement row at one n, and that n: the given one,
     or the n at which the most of these labels were measured (the longest on a tie)."""
     first_pass = run.passes[0] if run.passes else None
     measured = [r for r in run.measurements if r.get("pass") == first_pass]
 
-    def match(label: str, n: int) -> dict[str, Any] | None:
+    def match(label: str, n: int) -> Row | None:
         exact = [r for r in measured if r["label"] == label and r["seq_len"] == n]
         if exact:
             return exact[0]
@@ -168,6 +170,7 @@ def cost_accuracy_figure(run: RunData, seq_len: int | None = None) -> Figure | N
     tasks = list(dict.fromkeys(task_name(r) for r in rows))
     labels = run.labels(rows)
     cost, n = _cost_rows(run, labels, seq_len)
+    metrics: list[tuple[Literal["time_ms", "peak_memory_bytes", "train_time_s"], float, str]]
     if cost:
         metrics = [
             ("time_ms", 1.0, f"median {run.passes[0]} time at n={n} (ms)"),
@@ -188,6 +191,8 @@ def cost_accuracy_figure(run: RunData, seq_len: int | None = None) -> Figure | N
         ):
             points = []
             for row in (r for r in rows if task_name(r) == task):
+                mean = row["accuracy_mean"]
+                assert mean is not None, "rows holds the scored rows"
                 series = run.series[row["label"]]
                 source = cost.get(row["label"]) if cost else row
                 status = "not measured" if source is None else source.get("status", OK)
@@ -199,7 +204,7 @@ def cost_accuracy_figure(run: RunData, seq_len: int | None = None) -> Figure | N
                 x = value * scale
                 axes.errorbar(
                     x,
-                    row["accuracy_mean"],
+                    mean,
                     yerr=[[part] for part in accuracy_error_bar(row)],
                     color=series_colour(series),
                     marker=series_marker(series),
@@ -208,7 +213,7 @@ def cost_accuracy_figure(run: RunData, seq_len: int | None = None) -> Figure | N
                     label=series.legend,
                     linestyle="none",
                 )
-                points.append((x, row["accuracy_mean"]))
+                points.append((x, mean))
             _pareto(axes, points)
             chance = next(
                 (r["chance"] for r in rows if task_name(r) == task and r.get("chance") is not None),
@@ -246,7 +251,7 @@ EXACT_TOLERANCE = 1e-5
 """Relative fidelity error under which a variant counts as exact attention at a length."""
 
 
-def _task_length(rows: list[dict[str, Any]], task: str) -> int | None:
+def _task_length(rows: list[Row], task: str) -> int | None:
     """The sequence length a task trained at, from its rows' task options."""
     for row in rows:
         if task_name(row) == task:

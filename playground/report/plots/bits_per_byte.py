@@ -13,7 +13,7 @@ like every failed cell, and named in the footnote.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
@@ -33,18 +33,20 @@ from playground.report.plots.style import (
     status_handles,
 )
 from playground.report.task_rows import OK, language_rows, model_settings, setup_name, task_base
+from playground.run.row_schema import Row
 
 SETTINGS_STYLES = ("--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)))
 """Line styles of setups with model settings, in the order of their settings; a setup
 without any is drawn solid."""
 TRAINING_LENGTH_GREY = "0.3"
-BASELINES = (
+BaselineField = Literal["unigram_bits_per_byte", "bigram_bits_per_byte"]
+BASELINES: tuple[tuple[str, BaselineField, str], ...] = (
     ("unigram", "unigram_bits_per_byte", "0.6"),
     ("bigram", "bigram_bits_per_byte", "0.45"),
 )
 """(name, row field, grey) of the n-gram baselines drawn as horizontal lines."""
 
-Rows = list[dict[str, Any]]
+Rows = list[Row]
 
 
 def language_panels(run: RunData) -> dict[tuple[str, Any], Rows]:
@@ -63,13 +65,13 @@ def untrained_notes(run: RunData) -> list[str]:
     return [language_failure_note(row) for row in run.language if row.get("train_length") is None]
 
 
-def scored_row(row: dict[str, Any]) -> bool:
+def scored_row(row: Row) -> bool:
     mean = row.get("bits_per_byte_mean")
     usable = isinstance(mean, int | float) and not isinstance(mean, bool) and math.isfinite(mean)
     return row.get("status", OK) == OK and usable
 
 
-def _error_bar(row: dict[str, Any]) -> tuple[float, float]:
+def _error_bar(row: Row) -> tuple[float, float]:
     """How far the row's 95% interval reaches below and above its mean; (0, 0) for one seed."""
     mean = row["bits_per_byte_mean"]
     low, high = row.get("bits_per_byte_ci95_low"), row.get("bits_per_byte_ci95_high")
@@ -87,7 +89,7 @@ def shared_settings(rows: Rows) -> list[str]:
     return [token for token in model_settings(rows[0]).split() if token in common] if rows else []
 
 
-def own_settings(row: dict[str, Any], shared: list[str]) -> str:
+def own_settings(row: Row, shared: list[str]) -> str:
     """The row's model settings less the shared ones (`positional_encoding=none`)."""
     return " ".join(token for token in model_settings(row).split() if token not in shared)
 
@@ -119,7 +121,7 @@ def panel_title(task: str, rows: Rows, train_length: Any) -> str:
     return f"{task}{' ' + shared if shared else ''}: trained at L = {train_length}"
 
 
-def language_failure_note(row: dict[str, Any]) -> str:
+def language_failure_note(row: Row) -> str:
     message = (row.get("error") or "").strip().splitlines()
     detail = f": {message[0][:110]}" if message else ""
     length = row.get("eval_length")
@@ -252,7 +254,7 @@ def language_cost_figure(run: RunData) -> Figure | None:
     None when no setup has both. MixedCorpora when a task's rows were scored on
     different text."""
     notes: list[str] = []
-    panels: dict[tuple[str, Any], list[tuple[dict[str, Any], float]]] = {}
+    panels: dict[tuple[str, Any], list[tuple[Row, float]]] = {}
     for (task, train_length), rows in language_panels(run).items():
         for row in (r for r in rows if r.get("eval_length") == train_length):
             seconds = _seconds(row)
@@ -323,7 +325,7 @@ _OWN_SETTINGS_HANDLE = Line2D(
 )
 
 
-def _seconds(row: dict[str, Any]) -> float | None:
+def _seconds(row: Row) -> float | None:
     value = row.get("train_time_s")
     if not isinstance(value, int | float) or isinstance(value, bool):
         return None

@@ -25,6 +25,7 @@ from playground.errors import PlaygroundError
 from playground.registry import default_registry
 from playground.report.sweeps import Choice, choices, chosen_rows
 from playground.report.task_rows import is_accuracy_row, is_language_row
+from playground.run.row_schema import Row
 from playground.run.store import ENV, ROWS, SPEC, RunStore
 
 OK = "ok"
@@ -55,14 +56,14 @@ class RunData:
     """Everything in one run directory that a figure or the report needs."""
 
     directory: Path
-    rows: list[dict[str, Any]]
+    rows: list[Row]
     env: dict[str, Any]
     spec_text: str
     spec: dict[str, Any]
-    measurements: list[dict[str, Any]] = field(init=False)
-    accuracy: list[dict[str, Any]] = field(init=False)
+    measurements: list[Row] = field(init=False)
+    accuracy: list[Row] = field(init=False)
     """The accuracy rows; of a sweep, the chosen point's (report.sweeps.chosen_rows)."""
-    language: list[dict[str, Any]] = field(init=False)
+    language: list[Row] = field(init=False)
     """The language-model rows (bits per byte), every evaluation length; of a sweep, the
     chosen point's."""
     sweeps: list[Choice] = field(init=False)
@@ -86,11 +87,11 @@ class RunData:
         return [p for p in order if p in found] + sorted(p for p in found - set(order) if p)
 
     @property
-    def failed(self) -> list[dict[str, Any]]:
+    def failed(self) -> list[Row]:
         """Every row whose status is not ok, of every kind."""
         return [row for row in self.rows if row.get("status", OK) != OK]
 
-    def labels(self, rows: Iterable[dict[str, Any]] | None = None) -> list[str]:
+    def labels(self, rows: Iterable[Row] | None = None) -> list[str]:
         """Series labels in a stable order: the spec's baseline first, then by variant
         name, then by point."""
         chosen = {row["label"] for row in (self.rows if rows is None else rows)}
@@ -126,7 +127,7 @@ def _key(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-def swept_options(rows: Iterable[dict[str, Any]]) -> dict[str, list[str]]:
+def swept_options(rows: Iterable[Row]) -> dict[str, list[str]]:
     """variant -> the option names whose value differs between its points in `rows` (an
     option set in some points only counts as differing)."""
     options_by_label: dict[str, dict[str, Any]] = {}
@@ -194,10 +195,10 @@ def warn_hook(variant: str, hook: str, problem: str) -> None:
     print(f"warning: variant {variant!r}: {hook} {problem}", file=sys.stderr)
 
 
-def make_series(rows: list[dict[str, Any]]) -> dict[str, Series]:
+def make_series(rows: list[Row]) -> dict[str, Series]:
     """label -> Series for every label in `rows`, points ordered by their swept values."""
     swept = swept_options(rows)
-    first: dict[str, dict[str, Any]] = {}
+    first: dict[str, Row] = {}
     for row in rows:
         first.setdefault(row["label"], row)
     by_variant: dict[str, list[str]] = {}

@@ -5,7 +5,7 @@ run sweeps nothing."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -24,15 +24,19 @@ from playground.report.plots.style import (
     series_colour,
     shade,
 )
+from playground.run.row_schema import Row
 
-INPUTS: tuple[tuple[str, str, LineStyleType, str], ...] = (
-    ("", "random inputs", "-", "o"),
-    ("local_", "local inputs", "--", "s"),
+ErrorField = Literal["fidelity_rel_error", "fidelity_local_rel_error"]
+CosineField = Literal["fidelity_cosine", "fidelity_local_cosine"]
+INPUTS: tuple[tuple[ErrorField, CosineField, str, LineStyleType, str], ...] = (
+    ("fidelity_rel_error", "fidelity_cosine", "random inputs", "-", "o"),
+    ("fidelity_local_rel_error", "fidelity_local_cosine", "local inputs", "--", "s"),
 )
-"""(row key infix, legend text, line style, marker) of the two fidelity cases."""
+"""(row's error field, its cosine field, legend text, line style, marker) of the two
+fidelity cases."""
 
 
-def _measured(run: RunData) -> list[dict[str, Any]]:
+def _measured(run: RunData) -> list[Row]:
     return [
         row
         for row in run.measurements
@@ -43,7 +47,7 @@ def _measured(run: RunData) -> list[dict[str, Any]]:
 def _input_handles() -> list[Line2D]:
     return [
         Line2D([], [], color="0.2", linestyle=style, marker=marker, label=text)
-        for _, text, style, marker in INPUTS
+        for _, _, text, style, marker in INPUTS
     ]
 
 
@@ -69,11 +73,9 @@ def _plotted(axes: Axes) -> list[float]:
     return [y for line in axes.lines for y in np.asarray(line.get_ydata(), float).tolist()]
 
 
-def _cost_panel(
-    axes: Axes, xs: Sequence[float], rows: Sequence[dict[str, Any]], colour: Any
-) -> None:
+def _cost_panel(axes: Axes, xs: Sequence[float], rows: Sequence[Row], colour: Any) -> None:
     """What the option costs: median time of the same cells."""
-    points = [(x, r["time_ms"]) for x, r in zip(xs, rows, strict=True) if r.get("time_ms")]
+    points = [(x, time) for x, r in zip(xs, rows, strict=True) if (time := r.get("time_ms"))]
     if points:
         axes.plot(*zip(*points, strict=True), color=colour, marker="o", markersize=5)
 
@@ -81,16 +83,16 @@ def _cost_panel(
 def _draw(
     axes_pair: tuple[Axes, Axes],
     xs: Sequence[float],
-    rows: Sequence[dict[str, Any]],
+    rows: Sequence[Row],
     colour: Any,
     label: str,
 ) -> list[str]:
     """Both inputs' error and cosine over xs; notes for zero errors (off a log axis)."""
     notes = []
     error_axes, cosine_axes = axes_pair
-    for infix, _, style, marker in INPUTS:
-        errors = [(x, r.get(f"fidelity_{infix}rel_error")) for x, r in zip(xs, rows, strict=True)]
-        cosines = [(x, r.get(f"fidelity_{infix}cosine")) for x, r in zip(xs, rows, strict=True)]
+    for error_field, cosine_field, _, style, marker in INPUTS:
+        errors = [(x, r.get(error_field)) for x, r in zip(xs, rows, strict=True)]
+        cosines = [(x, r.get(cosine_field)) for x, r in zip(xs, rows, strict=True)]
         positive = [(x, e) for x, e in errors if e is not None and e > 0]
         if any(e == 0 for _, e in errors):
             notes.append(f"{label}: relative error 0 (exact), not drawn on the log axis")
@@ -103,12 +105,13 @@ def _draw(
     return list(dict.fromkeys(notes))
 
 
-def _locality_note(rows: Sequence[dict[str, Any]]) -> str | None:
+def _locality_note(rows: Sequence[Row]) -> str | None:
     """How local exact attention was on the local inputs, per n."""
     distances: dict[int, float] = {}
     for row in rows:
-        if row.get("fidelity_local_attention_distance") is not None:
-            distances.setdefault(row["seq_len"], row["fidelity_local_attention_distance"])
+        distance = row.get("fidelity_local_attention_distance")
+        if distance is not None:
+            distances.setdefault(row["seq_len"], distance)
     if not distances:
         return None
     shown = ", ".join(f"{distances[n]:.1f} at n={n}" for n in sorted(distances))
@@ -145,7 +148,7 @@ def fidelity_vs_option(run: RunData, variant: str, option: str) -> Figure:
         _option_axis(axes, values, option)
     # Other swept options split the lines too, e.g. k swept with sharing.
     others = [o for o in swept_options(rows).get(variant, []) if o != option]
-    groups: dict[tuple, list[dict[str, Any]]] = {}
+    groups: dict[tuple, list[Row]] = {}
     for row in rows:
         rest = tuple(format_value(row["options"].get(o)) for o in others)
         groups.setdefault((row["seq_len"], rest), []).append(row)

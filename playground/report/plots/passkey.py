@@ -38,6 +38,7 @@ from playground.report.plots.bits_per_byte import (
 from playground.report.plots.data import RunData
 from playground.report.plots.style import finish, new_figure, readable, variant_colour
 from playground.report.task_rows import OK
+from playground.run.row_schema import Row
 
 COLOURMAP = "viridis"
 """Sequential, dark (0: never retrieved) to bright (1: always)."""
@@ -55,7 +56,7 @@ class Panel:
     train_length: Any
     setup: str
     variant: str
-    rows: dict[int, dict[str, Any]]
+    rows: dict[int, Row]
     lengths: list[int]
     depths: list[float]
 
@@ -64,7 +65,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def probed(row: dict[str, Any]) -> bool:
+def probed(row: Row) -> bool:
     """Whether `row` holds a passkey score: depths, and an exact match and a log-likelihood
     per depth, every one a finite number."""
     if row.get("status", OK) != OK:
@@ -109,7 +110,7 @@ def _text_colour(face: Any) -> str:
     return "black" if 0.299 * red + 0.587 * green + 0.114 * blue > 0.5 else "white"
 
 
-def _cells(axes: Axes, panel: Panel, column: int, row: dict[str, Any], colours: Colormap) -> None:
+def _cells(axes: Axes, panel: Panel, column: int, row: Row, colours: Colormap) -> None:
     """The probed row's column: a cell per depth, coloured by exact match, annotated."""
     scores = {
         float(depth): (exact, bits)

@@ -13,7 +13,6 @@ extrapolation figure; setups with model settings of their own take its line styl
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from matplotlib.figure import Figure
 
@@ -32,6 +31,7 @@ from playground.report.plots.bits_per_byte import (
 )
 from playground.report.plots.data import RunData
 from playground.report.plots.style import finish, legend, new_figure, series_colour
+from playground.run.row_schema import Row
 
 CLIP_FACTOR = 1.5
 """The y axis stops at this many times the unigram baseline (a model past it knows less
@@ -39,7 +39,7 @@ than byte frequencies): a sinusoidal model's loss far past L would flatten every
 line; clipped lines are named in a note."""
 
 
-def positions(row: dict[str, Any]) -> tuple[list[float], list[float], list[float]] | None:
+def positions(row: Row) -> tuple[list[float], list[float], list[float]] | None:
     """(bucket centres, bits per byte, 95% half-widths) of a row, None when it has none."""
     values = row.get("bits_per_byte_by_position")
     bucket = row.get("position_bucket")
@@ -52,7 +52,7 @@ def positions(row: dict[str, Any]) -> tuple[list[float], list[float], list[float
     return centres, list(values), [half or 0.0 for half in halves]
 
 
-def longest(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+def longest(rows: list[Row]) -> Row | None:
     """The scored row of the longest evaluation length that has the loss by position."""
     found = [row for row in rows if scored_row(row) and positions(row) is not None]
     return max(found, key=lambda row: row["eval_length"], default=None)

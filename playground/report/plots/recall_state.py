@@ -29,6 +29,7 @@ from playground.report.plots.style import (
     new_figure,
     variant_colour,
 )
+from playground.run.row_schema import Row
 from playground.run.state_size import KEY_VALUE_BYTES, RECOMPUTED_INPUTS
 from playground.run.stats import accuracy_error_bar
 
@@ -47,17 +48,25 @@ def pareto_frontier(points: Sequence[tuple[float, float]]) -> list[int]:
     return front
 
 
-def _panel_key(row: dict[str, Any]) -> str:
+def _panel_key(row: Row) -> str:
     """One panel per task and its options (its length among them): the widths and
     setups of a study share it, whatever their labels append."""
     return json.dumps([row["task"], row.get("task_options") or {}], sort_keys=True)
 
 
-def _width(row: dict[str, Any]) -> Any:
+def _width(row: Row) -> Any:
     return (row.get("model") or {}).get("d_model", row.get("d_model"))
 
 
-def _point_label(run: RunData, row: dict[str, Any], swept_widths: set[str]) -> str:
+def _point(row: Row) -> tuple[float, float]:
+    """(state bytes, accuracy) of a row the figure draws (`recall_state_figure` keeps only
+    rows that hold both)."""
+    state, accuracy = row.get("state_bytes"), row.get("accuracy_mean")
+    assert state is not None and accuracy is not None, "a drawn row holds both"
+    return float(state), float(accuracy)
+
+
+def _point_label(run: RunData, row: Row, swept_widths: set[str]) -> str:
     """What sets this point's state: its variant's swept options, and its width where
     the variant is drawn at several (`swept_widths`: those variants)."""
     series = run.series[row["label"]]
@@ -79,7 +88,7 @@ def recall_state_figure(run: RunData) -> Figure | None:
     ]
     if not rows:
         return None
-    panels: dict[str, list[dict[str, Any]]] = {}
+    panels: dict[str, list[Row]] = {}
     for row in rows:
         panels.setdefault(_panel_key(row), []).append(row)
     figure = new_figure(len(panels), "Recall against decoding state (upper left is better)")
@@ -91,7 +100,7 @@ def recall_state_figure(run: RunData) -> Figure | None:
         for row in panel:
             widths.setdefault(run.series[row["label"]].variant, set()).add(_width(row))
         swept_widths = {variant for variant, found in widths.items() if len(found - {None}) > 1}
-        points = [(float(row["state_bytes"]), float(row["accuracy_mean"])) for row in panel]
+        points = [_point(row) for row in panel]
         for row, (x, y) in zip(panel, points, strict=True):
             variant = run.series[row["label"]].variant
             colour = variant_colour(variant)

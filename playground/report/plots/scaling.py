@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import Literal, TypeGuard
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
@@ -29,13 +29,19 @@ from playground.report.plots.style import (
 )
 from playground.report.summary import PASS_TITLES, exponents
 from playground.run.instruments import LIMIT_FLAGS
+from playground.run.row_schema import Row
 from playground.run.spec import DECODE
+
+MeasuredField = Literal[
+    "time_ms", "peak_memory_bytes", "efficiency", "state_bytes", "read_limit_ms"
+]
+"""The fields of a cost row the figures draw against n."""
 
 
 @dataclass(frozen=True)
 class Metric:
     stem: str
-    key: str
+    key: MeasuredField
     title: str
     axis_label: str
     scale: float = 1.0
@@ -45,7 +51,7 @@ class Metric:
     decode: bool = False
     """Drawn from the decode pass's rows only (x: the context length); else from the
     whole passes' (forward, forward + backward)."""
-    limit_key: str | None = None
+    limit_key: MeasuredField | None = None
     """A row's floor for `key`, drawn dashed in the setup's colour (decode: reading the
     state once at the measured bandwidth)."""
     timed: bool = True
@@ -171,9 +177,9 @@ def scaling_figure(run: RunData, metric: Metric) -> Figure | None:
                 key=lambda r: r["seq_len"],
             )
             points = [
-                (r["seq_len"], r[metric.key] * metric.scale)
+                (r["seq_len"], value * metric.scale)
                 for r in cells
-                if r["status"] == OK and _positive(r.get(metric.key), metric.log_y)
+                if r["status"] == OK and _positive(value := r.get(metric.key), metric.log_y)
             ]
             colour = series_colour(series)
             if points:
@@ -186,12 +192,12 @@ def scaling_figure(run: RunData, metric: Metric) -> Figure | None:
                 )
                 anchors.extend(points)
             limits = [
-                (r["seq_len"], r[metric.limit_key] * metric.scale)
+                (r["seq_len"], limit * metric.scale)
                 for r in cells
                 if metric.limit_key
                 and r["status"] == OK
                 and _positive(r.get(metric.key), metric.log_y)
-                and _positive(r.get(metric.limit_key), metric.log_y)
+                and _positive(limit := r.get(metric.limit_key), metric.log_y)
             ]
             if limits:
                 axes.plot(
@@ -203,12 +209,12 @@ def scaling_figure(run: RunData, metric: Metric) -> Figure | None:
                 )
                 floors.extend(value for _, value in limits)
             flagged = [
-                (r["seq_len"], r[metric.key] * metric.scale)
+                (r["seq_len"], value * metric.scale)
                 for r in cells
                 if metric.timed
                 and r["status"] == OK
                 and set(r.get("flags") or []) - set(LIMIT_FLAGS)
-                and _positive(r.get(metric.key), metric.log_y)
+                and _positive(value := r.get(metric.key), metric.log_y)
             ]
             if flagged:  # measured, but not to be trusted as drawn: hollow
                 axes.plot(
@@ -220,7 +226,9 @@ def scaling_figure(run: RunData, metric: Metric) -> Figure | None:
                     markeredgecolor=colour,
                 )
                 any_flagged = True
-            failed = [(r["seq_len"], r["status"]) for r in cells if r["status"] != OK]
+            failed: list[tuple[float, str]] = [
+                (r["seq_len"], r["status"]) for r in cells if r["status"] != OK
+            ]
             mark_failures(axes, failed, colour, stack)
             statuses.update(status for _, status in failed)
             notes.extend(failure_note(r, series.legend) for r in cells if r["status"] != OK)
@@ -283,7 +291,7 @@ _FLAGGED_HANDLE = Line2D(
 )
 
 
-def _read_limit_handle(run: RunData, rows: list[dict[str, Any]]) -> Line2D:
+def _read_limit_handle(run: RunData, rows: list[Row]) -> Line2D:
     """The legend entry of the dashed lines: reading the state once at the bandwidth."""
     bandwidth = run.env.get("memory_bandwidth_bytes_per_s") or next(
         (r["bandwidth_bytes_per_s"] for r in rows if r.get("bandwidth_bytes_per_s")), None

@@ -21,6 +21,7 @@ from matplotlib.ticker import LogFormatter
 from matplotlib.transforms import blended_transform_factory
 
 from playground.report.plots.data import RunData, Series, declared
+from playground.run.row_schema import Row
 
 PALETTE = (
     "#1f77b4",  # blue
@@ -209,7 +210,7 @@ def mark_failures(
         )
 
 
-def failure_note(row: dict[str, Any], legend: str) -> str:
+def failure_note(row: Row, legend: str) -> str:
     """One line for a failed cell: where, what status, the first line of its error."""
     where = [legend]
     if "seq_len" in row:

@@ -46,10 +46,11 @@ def task_grid_figure(run: RunData) -> Figure | None:
             row = cells.get((label, task))
             if row is None:
                 continue
-            if row.get("status") != OK or row.get("accuracy_mean") is None:
+            mean = row.get("accuracy_mean")
+            if row.get("status") != OK or mean is None:
                 face, text = "0.9", str(row.get("status", "?"))
             else:
-                accuracy = float(row["accuracy_mean"])
+                accuracy = float(mean)
                 progress = progress_above_chance(accuracy, float(row.get("chance") or 0.0))
                 face, text = colours(progress), f"{accuracy:.3f}"
             axes.add_patch(Rectangle((x, y), 1, 1, facecolor=face, edgecolor="white"))

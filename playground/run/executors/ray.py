@@ -36,13 +36,14 @@ from typing import Any
 
 import torch
 
-from playground.errors import PlaygroundError
+from playground.errors import FailureFields, PlaygroundError
 from playground.kernels import native
 from playground.registry import LoadStep, Registry
 from playground.run.cells import Cell
 from playground.run.context import Record, RunContext
 from playground.run.instruments import gemm_flops_per_second, using_threads
 from playground.run.measurer import Measurer
+from playground.run.row_schema import Row
 from playground.run.seeds import SeedOutcome, SeedTask, missing_variant, train_seed_task
 from playground.run.spec import Spec
 
@@ -124,9 +125,7 @@ def _facts_on_node(node_id: str, cpus: int, threads: int, spec: Spec, speed: boo
     return NodeFacts(node_id, platform.node(), cpus, threads, gemm)
 
 
-def _measure_on_node(
-    spec: Spec, recipe: Sequence[LoadStep], cell: Cell, facts: NodeFacts
-) -> dict[str, Any]:
+def _measure_on_node(spec: Spec, recipe: Sequence[LoadStep], cell: Cell, facts: NodeFacts) -> Row:
     registry = _worker_registry(recipe)
     if spec.device == "cpu":
         native.build_state()  # a first build on this node is not part of the cell's timing
@@ -134,9 +133,15 @@ def _measure_on_node(
     missing = _missing_variant(registry, cell.variant.name)
     with using_threads(facts.threads):
         if missing:
-            row = measurer.row(cell)
             now = time.time()
-            row.update(status="error", error=missing, started_at=now, finished_at=now, wall_s=0.0)
+            row: Row = {
+                **measurer.row(cell),
+                "status": "error",
+                "error": missing,
+                "started_at": now,
+                "finished_at": now,
+                "wall_s": 0.0,
+            }
         else:
             row = measurer.measure(cell)
     row["node_id"] = facts.node_id
@@ -149,7 +154,7 @@ def _train_on_node(recipe: Sequence[LoadStep], task: SeedTask) -> SeedOutcome:
     missing = _missing_variant(registry, task.job.variant)
     if missing:
         now = time.time()
-        failure = {"status": "error", "error": missing}
+        failure: FailureFields = {"status": "error", "error": missing}
         return SeedOutcome(task, None, failure, platform.node(), 1, now, now)
     return train_seed_task(registry, task)
 
@@ -193,7 +198,10 @@ class RaySeedLane:
                         done(ray.get(ref))
                     except ray.exceptions.RayError as error:  # the worker died, twice
                         now = time.time()
-                        failure = {"status": "error", "error": _death(error, task.seed)}
+                        failure: FailureFields = {
+                            "status": "error",
+                            "error": _death(error, task.seed),
+                        }
                         done(SeedOutcome(task, None, failure, "?", 1, now, now))
         except BaseException:
             _cancel(ray, list(waiting), self.owns_cluster)
@@ -304,19 +312,19 @@ class RayExecutor:
                     try:
                         row = ray.get(ref)
                     except ray.exceptions.RayError as error:
-                        row = context.measurer.row(cell)
                         now = time.time()
-                        row.update(
-                            status="error",
-                            error=_death(error),
-                            node=node.hostname,
-                            node_id=node.node_id,
-                            threads=node.threads,
-                            gemm_flops_per_s=node.gemm_flops,
-                            started_at=now,
-                            finished_at=now,
-                            wall_s=0.0,
-                        )
+                        row = {
+                            **context.measurer.row(cell),
+                            "status": "error",
+                            "error": _death(error),
+                            "node": node.hostname,
+                            "node_id": node.node_id,
+                            "threads": node.threads,
+                            "gemm_flops_per_s": node.gemm_flops,
+                            "started_at": now,
+                            "finished_at": now,
+                            "wall_s": 0.0,
+                        }
                     record(row)
         except BaseException:
             _cancel(ray, list(running), owns_cluster)

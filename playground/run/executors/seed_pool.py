@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from playground.errors import FailureFields
 from playground.kernels import native
 from playground.registry import LoadStep, Registry
 from playground.run.seeds import SeedOutcome, SeedTask, missing_variant, train_seed_task
@@ -99,7 +100,7 @@ def _train_in_worker(task: SeedTask) -> SeedOutcome:
             return train_seed_task(_worker_registry, task, reporter)
         problem = missing
     now = time.time()
-    failure = {"status": "error", "error": problem}
+    failure: FailureFields = {"status": "error", "error": problem}
     return SeedOutcome(task, None, failure, platform.node(), 1, now, now)
 
 
@@ -128,7 +129,7 @@ def _stopping_on_signals():
 
 def _died(task: SeedTask, error: BaseException, attempts: int) -> SeedOutcome:
     now = time.time()
-    failure = {
+    failure: FailureFields = {
         "status": "error",
         "error": f"the worker process training seed {task.seed} died ({attempts} times "
         f"alone or as the only seed running): "
@@ -253,7 +254,7 @@ class SeedPool:
 
         def shown(outcome: SeedOutcome) -> None:
             self._show_reports()
-            failure = (outcome.failure or {}).get("error")
+            failure = None if outcome.failure is None else outcome.failure["error"]
             bars.seed_done(outcome.task.cell, outcome.task.seed, failure)
             done(outcome)
 
