@@ -513,7 +513,9 @@ def test_the_spec_keys_are_read(registry, tmp_path, corpus):
 
 
 def test_eval_lengths_on_a_task_that_does_not_scale_is_refused(registry, tmp_path):
-    text = 'name = "x"\nmeasures = ["accuracy"]\n[[tasks]]\nname = "listops"\neval_lengths = [256]\n'
+    text = (
+        'name = "x"\nmeasures = ["accuracy"]\n[[tasks]]\nname = "listops"\neval_lengths = [256]\n'
+    )
     with pytest.raises(SpecError, match=r"tasks\[0\]\.eval_lengths: task 'listops' is scored at"):
         load(registry, tmp_path, text)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -17,9 +18,9 @@ from tests.run.test_language import (  # noqa: F401 (fixtures)
     CAPPED_PLUGIN,
     _no_gemm,
     _reset_default_registry,
-    corpus,
     run_spec,
 )
+from tests.tasks.text_corpus import write_corpus
 
 L = 48
 LIMIT = 2 * L
@@ -32,7 +33,12 @@ def registry(write_plugin) -> Registry:
     return Registry.discover([path.parent], entry_points=False)
 
 
-def spec(corpus) -> str:
+@pytest.fixture
+def corpus(tmp_path) -> Path:
+    return write_corpus(tmp_path / "corpus", files=10, size=3000)
+
+
+def spec(corpus: Path) -> str:
     return textwrap.dedent(
         f"""\
         name = "passkey_tiny"
@@ -78,7 +84,9 @@ def test_each_length_row_carries_the_probe_and_past_a_limit_none(registry, tmp_p
         assert row["passkey_trials"] == 4
         per_seed = row["passkey_exact_per_seed"]
         assert len(per_seed) == 2 and all(len(each) == 3 for each in per_seed)
-        assert row["passkey_exact"] == pytest.approx([sum(d) / 2 for d in zip(*per_seed)])
+        assert row["passkey_exact"] == pytest.approx(
+            [sum(d) / 2 for d in zip(*per_seed, strict=True)]
+        )
         assert all(value <= 0 and math.isfinite(value) for value in row["passkey_log_likelihood"])
         assert row["passkey_chance_log_likelihood"] == chance_log_likelihood(5)
     # four steps teach no retrieval: no key is found anywhere
