@@ -34,7 +34,7 @@ from playground.hookspecs import hookimpl
 from playground.registry import default_registry
 from playground.softmax_attention import SoftmaxAttention, SoftmaxConfig
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def build(name: str, d_model: int = 512, num_heads: int = 8, **options: Any) -> AttentionVariant:
