@@ -142,6 +142,15 @@ def quality_scores(rows: Sequence[Row]) -> list[Score]:
                 row.get("state_bytes"),
             )
         )
+        probe = row.get("passkey_exact_per_seed")
+        if is_language_row(row) and probe and len(probe) == len(values):
+            # each seed's passkey retrieval: its exact matches averaged over the depths
+            length = row.get("eval_length")
+            name = f"passkey exact on {task_base(row)} at n={length}"
+            retrieved = tuple(statistics.fmean(depths) for depths in probe)
+            scores.append(
+                Score(setup, str(row["label"]), Metric(name, 1, length), seeds, retrieved, data)
+            )
     return scores
 
 

@@ -161,6 +161,25 @@ def test_bits_per_byte_lower_is_better() -> None:
     assert only(found, "sharper").metric == "bits/byte on lm(128) at n=128"
 
 
+def test_passkey_retrieval_is_a_metric_of_its_own_averaged_over_depths() -> None:
+    """Each seed's exact matches over the depths, averaged: a setup that finds the key
+    where the baseline does not is better on retrieval, whatever its bits per byte."""
+
+    def probed(label: str, per_seed: list[float], exact: list[list[float]]) -> dict:
+        return {**language_row(label, per_seed, 512), "passkey_exact_per_seed": exact}
+
+    rows = [
+        probed("vanilla", [2.00, 2.10, 2.05], [[0.0, 0.0, 0.1], [0.0, 0.1, 0.0], [0.0, 0.0, 0.0]]),
+        probed("alibi", [2.02, 2.11, 2.06], [[0.5, 1.0, 1.0], [0.4, 1.0, 1.0], [0.6, 0.9, 1.0]]),
+    ]
+    found = [v for v in verdicts(rows, "vanilla") if v.setup == "alibi"]
+    by_metric = {verdict.metric: verdict for verdict in found}
+    retrieval = by_metric["passkey exact on lm(128) at n=512"]
+    assert retrieval.mark == BETTER and retrieval.pairing == PAIRED
+    assert retrieval.difference == pytest.approx((2.5 + 2.4 + 2.5) / 9 - 0.2 / 9)
+    assert by_metric["bits/byte on lm(128) at n=512"].mark == SAME
+
+
 def test_a_missing_baseline_names_the_setups_there_are() -> None:
     rows = [accuracy_row("vanilla", BASELINE), accuracy_row("good", [0.9, 0.97, 0.93])]
     with pytest.raises(MissingBaseline, match=r"'linear'.*good, vanilla"):
