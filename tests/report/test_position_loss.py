@@ -120,3 +120,33 @@ def test_the_figure_is_written_and_absent_without_positions(
     for row in rows:
         del row["bits_per_byte_by_position"]
     assert position_loss_figure(load_run(write_run(tmp_path / "old", rows))) is None
+
+
+class Repeater(torch.nn.Module):
+    """An oracle for text that repeats every `period` bytes: certain of the byte `period`
+    back once there is one, uniform before."""
+
+    def __init__(self, period: int) -> None:
+        super().__init__()
+        self.period = period
+
+    def forward(self, tokens, mask=None, positions=None):
+        logits = torch.zeros(*tokens.shape, 256)
+        # the label at i is the byte at i + 1, which is the byte at i + 1 - period
+        span = tokens.shape[1] - self.period + 1
+        logits[:, self.period - 1 :].scatter_(-1, tokens[:, :span].unsqueeze(-1), 1e4)
+        return logits[positions] if positions is not None else logits
+
+
+def test_a_text_the_model_can_predict_costs_nothing_after_its_first_period() -> None:
+    """The loss lands at the positions that earn it: 8 bits a byte until the oracle has
+    seen one period, none after, at every length."""
+    period, length = 16, 96
+    text = torch.randint(0, 256, (period,), generator=torch.Generator().manual_seed(0))
+    stream = text.repeat(4 * length // period + 1)
+    windows = stream[: 4 * length + 1]
+    data = TaskData(windows[:-1].view(4, length), windows[1:].view(4, length))
+    totals, counts = bits_by_position(Repeater(period), data)
+    per_position = totals / counts
+    assert per_position[: period - 1].tolist() == pytest.approx([8.0] * (period - 1))
+    assert per_position[period - 1 :].abs().max() < 1e-6
