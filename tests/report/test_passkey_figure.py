@@ -94,7 +94,8 @@ def test_one_heatmap_per_setup_with_lengths_across_and_depths_down(figure: Figur
     ]  # fmt: skip
     assert [label.get_text() for label in vanilla.get_yticklabels()] == ["0%", "50%", "100%"]
     assert vanilla.get_ylim() == (3.0, 0.0)  # depth 0 at the top
-    assert "lm(seq_len=128): trained at L = 128" in vanilla.get_title()
+    assert vanilla.get_title() == "vanilla"  # the one task is said once, in a note
+    assert "lm(seq_len=128): trained at L = 128" in " ".join(t.get_text() for t in figure.texts)
     assert len(figure.axes) == 4  # three heatmaps and the colour bar
 
 

@@ -165,7 +165,7 @@ def _unscored(axes: Axes, panel: Panel, column: int, status: str) -> None:
     )
 
 
-def _draw(axes: Axes, panel: Panel, colours: Colormap) -> None:
+def _draw(axes: Axes, panel: Panel, colours: Colormap, *, with_task: bool) -> None:
     for column, length in enumerate(panel.lengths):
         row = panel.rows.get(length)
         if row is not None and probed(row):
@@ -200,10 +200,9 @@ def _draw(axes: Axes, panel: Panel, colours: Colormap) -> None:
     axes.tick_params(length=0)
     axes.set_xlabel("context length (bytes)")
     axes.set_ylabel("needle depth in the filler")
+    where = f"\n{panel.task}: trained at L = {panel.train_length}" if with_task else ""
     axes.set_title(
-        f"{panel.setup}\n{panel.task}: trained at L = {panel.train_length}",
-        fontsize=9,
-        color=readable(variant_colour(panel.variant)),
+        f"{panel.setup}{where}", fontsize=9, color=readable(variant_colour(panel.variant))
     )
 
 
@@ -246,8 +245,12 @@ def passkey_figure(run: RunData) -> Figure | None:
         spare.remove()
     colours = colormaps[COLOURMAP]
     notes = _reading_notes(panels)
+    # one task: said once, in a note, since a long task label would overrun the panels
+    tasks = {(panel.task, panel.train_length) for panel in panels}
+    if len(tasks) == 1:
+        notes.insert(0, f"{panels[0].task}: trained at L = {panels[0].train_length}")
     for axes, panel in zip(drawn, panels, strict=True):
-        _draw(axes, panel, colours)
+        _draw(axes, panel, colours, with_task=len(tasks) > 1)
         notes.extend(
             language_failure_note(row) for row in panel.rows.values() if row.get("status", OK) != OK
         )
