@@ -248,3 +248,16 @@ def test_bad_passkey_options_are_refused_by_name(corpus: Path, options, message:
 def test_a_short_window_is_fine_without_passkeys(corpus: Path) -> None:
     assert make_task(corpus, passkey_fraction=0.0).seq_len == SEQ_LEN
     assert ByteLanguageModelling(corpus=str(corpus), seq_len=16, eval_bytes=512).seq_len == 16
+
+
+def test_an_evaluation_length_too_short_for_the_probe_is_refused_before_training(
+    corpus: Path,
+) -> None:
+    """The spec refuses it (Task.check_eval_length), rather than the run recording that
+    length as an error after training."""
+    shortest = passkey.minimum_length(DIGITS)
+    probed = make_task(corpus, passkey_depths=[0.5])
+    with pytest.raises(ConfigError, match=f"needs at least {shortest} tokens"):
+        probed.check_eval_length(shortest - 1)
+    probed.check_eval_length(shortest)
+    make_task(corpus).check_eval_length(shortest - 1)  # no probe: any length that fits

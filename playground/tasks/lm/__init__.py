@@ -235,6 +235,13 @@ class ByteLanguageModelling(LanguageTask):
                 f"{self.options.eval_bytes}): not one stretch of that length fits in it; raise the task's "
                 f"eval_bytes (the test split holds {self.corpus.streams['test'].numel()} bytes)"
             )
+        shortest = passkey.minimum_length(self.options.passkey_digits)
+        if self.options.passkey_depths and length < shortest:
+            raise ConfigError(
+                f"evaluation length {length} cannot hold the passkey probe's prompt: a "
+                f"{self.options.passkey_digits}-digit key needs at least {shortest} tokens; "
+                f"evaluate at {shortest} or more, or leave passkey_depths out"
+            )
 
     # --- data -------------------------------------------------------------------------
     def generate(self, num_examples: int, seed: int) -> TaskData:
