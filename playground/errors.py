@@ -150,3 +150,15 @@ def failure_fields(error: BaseException) -> FailureFields:
         return {"status": "invalid", "error": str(error)}
     status = "oom" if is_out_of_memory(error) else "error"
     return {"status": status, "error": f"{type(error).__name__}: {error}"}
+
+
+def first_seed_failure(
+    failures: Iterable[tuple[int, FailureFields | None]],
+) -> FailureFields | None:
+    """Of (seed, its failure or None) in the spec's seed order, the first failure, its
+    error prefixed with the seed (what a row of several seeds says when one failed); None
+    when every seed succeeded."""
+    for seed, failure in failures:
+        if failure is not None:
+            return {"status": failure["status"], "error": f"seed {seed}: {failure['error']}"}
+    return None

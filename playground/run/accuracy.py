@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from rich.progress import Progress
 
-from playground.errors import ConfigError, FailureFields, failure_fields
+from playground.errors import ConfigError, FailureFields, failure_fields, first_seed_failure
 from playground.hook_calls import learned_summaries
 from playground.model.training import TrainConfig, evaluate, majority_rate, train
 from playground.model.transformer import TransformerClassifier, describe
@@ -322,10 +322,9 @@ def row_fields(
         where: LengthFields = {"eval_length": length, "task_label": trained["task_label"] + suffix}
         if "sweep" in trained:
             where["sweep"] = trained["sweep"] + suffix
-        failed = [(seed, s.failure) for seed, s in zip(seeds, scores, strict=True) if s.failure]
-        if failed:
-            seed, failure = failed[0]
-            return {**where, **failure, "error": f"seed {seed}: {failure['error']}"}
+        failure = first_seed_failure(zip(seeds, (s.failure for s in scores), strict=True))
+        if failure is not None:
+            return {**where, **failure}
         counts = {score.scored for score in scores}
         pairs = [(score.accuracy, score.majority) for score in scores]
         fields = scored(

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from playground.errors import ConfigError, FailureFields, failure_fields
+from playground.errors import ConfigError, FailureFields, failure_fields, first_seed_failure
 from playground.model.sampling import continue_bytes
 from playground.model.training import bits_by_position, bits_per_byte
 from playground.model.transformer import TransformerClassifier
@@ -174,12 +174,9 @@ def length_fields(length: int, seeds: Sequence[int], scores: Sequence[LengthScor
     """The fields of the row at one evaluation length from every seed's score there: the
     mean with its 95 % Student-t interval over seeds, or the first seed's failure."""
     fields: dict[str, Any] = {"eval_length": length}
-    failed = [
-        (seed, score.failure) for seed, score in zip(seeds, scores, strict=True) if score.failure
-    ]
-    if failed:
-        seed, failure = failed[0]
-        fields.update(failure, error=f"seed {seed}: {failure['error']}")
+    failure = first_seed_failure(zip(seeds, (score.failure for score in scores), strict=True))
+    if failure is not None:
+        fields.update(failure)
         return cast(LengthFields, fields)
     values = [score.bits_per_byte for score in scores if score.bits_per_byte is not None]
     mean = statistics.fmean(values)

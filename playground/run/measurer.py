@@ -26,7 +26,7 @@ import torch
 from rich.progress import Progress
 
 from playground.contract import AttentionOutput, AttentionVariant
-from playground.errors import InvalidOutput, PlaygroundError, failure_fields
+from playground.errors import InvalidOutput, PlaygroundError, failure_fields, first_seed_failure
 from playground.registry import Registry
 from playground.run.accuracy import WeightsSink, kept_weights, measure_accuracy, row_fields
 from playground.run.cells import Cell
@@ -276,10 +276,9 @@ class Measurer:
             "finished_at": finished_at,
             "wall_s": finished_at - started_at,
         }
-        failed = [(o.task.seed, o.failure) for o in ordered if o.failure is not None]
-        if failed:
-            seed, failure = failed[0]
-            return {**row, **failure, "error": f"seed {seed}: {failure['error']}"}
+        failure = first_seed_failure((outcome.task.seed, outcome.failure) for outcome in ordered)
+        if failure is not None:
+            return {**row, **failure}
         # no seed failed, so each has its result
         results = [outcome.result for outcome in ordered if outcome.result is not None]
         scored = row_fields(prepared, seeds, results)

@@ -61,11 +61,7 @@ def longest(rows: list[Row]) -> Row | None:
 def position_loss_figure(run: RunData) -> Figure | None:
     """Bits per byte against position, one line per setup; None without language rows
     that carry the loss by position (runs from before it was recorded)."""
-    panels = {
-        key: rows
-        for key, rows in language_panels(run).items()
-        if any(longest([row]) for row in rows)
-    }
+    panels = {key: rows for key, rows in language_panels(run).items() if longest(rows)}
     if not panels:
         return None
     styles = setting_styles(run)

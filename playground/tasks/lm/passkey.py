@@ -12,12 +12,13 @@ A model of a few hundred thousand parameters trained for minutes on source code 
 follow an English instruction, so the key's format is part of its training data (the lm
 task's `passkey_fraction`): each window that carries one reads
 
-    filler[:at] + NEEDLE + filler[at:] + QUERY + key
+    filler[:at] + NEEDLE + filler[at:q] + QUERY + key + filler[q:]
 
-with NEEDLE = MARK "key " <digits> END and QUERY = MARK "key ", and its answer, the key's
-digits, ends the window. MARK (0x02) and END (0x03) are control bytes that the corpus must
-not hold (the task refuses one that does), so the query can only be answered by finding
-the needle, never by text that happens to look like it.
+with NEEDLE = MARK "key " <digits> END and QUERY = MARK "key ": the key's digits answer the
+query wherever it is drawn after the needle (`carry`; q is where, in filler bytes); a
+probe's prompt ends with them (`hide`). MARK (0x02) and END (0x03) are control bytes that
+the corpus must not hold (the task refuses one that does), so the query can only be
+answered by finding the needle, never by text that happens to look like it.
 """
 
 from __future__ import annotations
@@ -68,27 +69,37 @@ def key_generator(length: int, depth: float) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest.digest(), "little") >> 1)
 
 
+def insert(rows: torch.Tensor, pieces: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """rows[:at] + piece + rows[at:], row by row: rows (N, R), pieces (N, P) and at (N,)
+    int64, each `at` in [0, R]. Returns (N, R + P)."""
+    width, span = rows.shape[1], pieces.shape[1]
+    position = torch.arange(width + span).unsqueeze(0)  # (1, R + P)
+    start = at.unsqueeze(1)  # (N, 1)
+    in_piece = (position >= start) & (position < start + span)
+    from_rows = torch.where(position < start, position, position - span).clamp(0, width - 1)
+    from_piece = (position - start).clamp(0, span - 1)
+    return torch.where(in_piece, pieces.gather(1, from_piece), rows.gather(1, from_rows))
+
+
+def _needles(keys: torch.Tensor) -> torch.Tensor:
+    """(N, needle_length) MARK "key " <key> END of each key (N, D)."""
+    count = keys.shape[0]
+    marks = torch.tensor(list(QUERY), dtype=torch.int64).expand(count, -1)
+    ends = torch.full((count, 1), END, dtype=torch.int64)
+    return torch.cat([marks, keys, ends], dim=1)
+
+
+def _questions(keys: torch.Tensor) -> torch.Tensor:
+    """(N, len(QUERY) + D) the query and its answer, the key."""
+    return torch.cat([torch.tensor(list(QUERY), dtype=torch.int64).expand(len(keys), -1), keys], 1)
+
+
 def hide(filler: torch.Tensor, keys: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
-    """filler[:at] + needle + filler[at:] + QUERY + key, row by row.
+    """filler[:at] + needle + filler[at:] + QUERY + key, row by row (the probe's prompts).
 
     filler (N, F) int64 bytes; keys (N, D) int64 ASCII digits; at (N,) int64 in [0, F],
     where each row's needle starts. Returns (N, F + overhead(D)) int64."""
-    count, filler_bytes = filler.shape
-    marks = torch.tensor(list(QUERY), dtype=torch.int64).expand(count, -1)  # (N, 5)
-    ends = torch.full((count, 1), END, dtype=torch.int64)
-    needles = torch.cat([marks, keys, ends], dim=1)  # (N, needle_length)
-    span = needles.shape[1]
-    position = torch.arange(filler_bytes + span).unsqueeze(0)  # (1, F + needle_length)
-    start = at.unsqueeze(1)  # (N, 1)
-    in_needle = (position >= start) & (position < start + span)
-    from_filler = torch.where(position < start, position, position - span).clamp(
-        0, filler_bytes - 1
-    )
-    from_needle = (position - start).clamp(0, span - 1)
-    body = torch.where(
-        in_needle, needles.gather(1, from_needle), filler.gather(1, from_filler)
-    )  # (N, F + needle_length)
-    return torch.cat([body, marks, keys], dim=1)
+    return torch.cat([insert(filler, _needles(keys), at), _questions(keys)], dim=1)
 
 
 def carry(
@@ -104,18 +115,9 @@ def carry(
     calibration, vanilla's held-out loss at L = 64 rose from about 2.8 to 4.9 bits per byte
     with every query at the end). filler (N, F), keys (N, D), at and end (N,), with
     at + needle_length(D) + len(QUERY) + D <= end <= F + overhead(D)."""
-    count, filler_bytes = filler.shape
-    digits = keys.shape[1]
-    body = hide(filler, keys, at)[:, : filler_bytes + needle_length(digits)]  # no query
-    tail = torch.cat([torch.tensor(list(QUERY), dtype=torch.int64).expand(count, -1), keys], 1)
-    span = tail.shape[1]
-    position = torch.arange(body.shape[1] + span).unsqueeze(0)  # (1, F + overhead)
-    start = (end - span).unsqueeze(1)  # (N, 1)
-    in_tail = (position >= start) & (position < start + span)
-    from_body = torch.where(position < start, position, position - span)
-    from_body = from_body.clamp(0, body.shape[1] - 1)
-    from_tail = (position - start).clamp(0, span - 1)
-    return torch.where(in_tail, tail.gather(1, from_tail), body.gather(1, from_body))
+    questions = _questions(keys)
+    body = insert(filler, _needles(keys), at)  # (N, F + needle_length)
+    return insert(body, questions, end - questions.shape[1])
 
 
 def first_marked(streams: dict[str, torch.Tensor]) -> tuple[str, int, int] | None:
